@@ -1,0 +1,42 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck pytest bench serve clean venv
+
+$(STAMP): pyproject.toml
+	@python=$$(scripts/find-python) || exit 1; \
+	  echo "creating $(VENV) with $$python"; \
+	  "$$python" -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) example_project/manage.py migrate --noinput -v 0
+	$(PY) example_project/manage.py nexo_demo
+
+serve: $(STAMP)
+	$(PY) example_project/manage.py migrate --noinput -v 0
+	$(PY) example_project/manage.py nexo_demo --serve
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check nexo_django tests example_project bench
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(PY) -m django makemigrations --check --dry-run --settings=tests.settings nexo_django
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

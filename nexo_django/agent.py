@@ -1,0 +1,385 @@
+"""The harness core: an agent declaration and the one loop that serves first runs and resumes.
+
+The transcript is the state. :meth:`Agent.step` looks at it: open tool calls are gated and run
+(or left pending), otherwise the model is asked for the next turn. A :class:`Journal` records
+what happens; in process it is a list, in the durable layer it is the database. Nothing here
+imports the durable layer at module level; ``Agent.run``/``run_later`` reach it lazily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .errors import (
+    ApprovalRequired,
+    ConfigurationError,
+    Denied,
+    MaxTurnsExceeded,
+    PendingCall,
+    SecurityError,
+    ToolArgumentError,
+)
+from .llm import resolve_model
+from .llm.base import Message, add_usage
+from .permissions import Permissions, Verdict
+from .sandboxes import Sandbox, make_sandbox
+from .tools import FETCH, GLOB, READ, SEARCH, SHELL, WRITE, Limits, Tool, ToolContext, error
+
+EventCallback = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class CallDecision:
+    """A person's decision on one pending call, as a journal hands it to the loop."""
+
+    approved: bool
+    note: str = ""
+    args: dict[str, Any] | None = None  # edited arguments, if any
+    stop: bool = False  # deny and stop the run
+
+    def verdict(self) -> Verdict:
+        return Verdict(self.approved, self.note)
+
+
+@dataclass
+class Outcome:
+    kind: str  # "continue" | "suspended" | "done" | "stopped"
+    content: str | None = None
+    pending: list[PendingCall] = field(default_factory=list)
+
+
+class Journal:
+    """Where the loop writes. This one keeps the transcript in memory (``Agent.prompt``)."""
+
+    def __init__(self, messages: list[Message] | None = None, on_event: EventCallback | None = None) -> None:
+        self.messages: list[Message] = list(messages or [])
+        self.on_event = on_event
+
+    def append(self, message: Message) -> None:
+        self.messages.append(message)
+
+    def decision_for(self, call_id: str) -> CallDecision | None:
+        return None
+
+    def call_started(self, call: dict[str, Any], tool: Tool, args: dict[str, Any]) -> None:
+        """Called after the gate passed and just before the tool runs."""
+
+    def call_finished(self, call: dict[str, Any], tool: Tool | None, result: dict[str, Any]) -> None:
+        self.append({"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": result})
+
+    def call_failed(self, call: dict[str, Any], tool: Tool, exc: BaseException) -> None:
+        """Called when a call fails loudly (``SecurityError``) and the run stops."""
+
+    def suspend(self, pending: list[PendingCall]) -> None:
+        """Called when calls wait for a person; the loop returns right after."""
+
+    def emit(self, type: str, data: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(type, data)
+
+
+@dataclass
+class ToolCallRecord:
+    id: str
+    name: str
+    args: dict[str, Any]
+    result: dict[str, Any] | None
+
+
+@dataclass
+class Reply:
+    """What ``Agent.prompt()`` returns."""
+
+    content: str | None
+    transcript: list[Message]
+    usage: dict[str, int]
+    tool_calls: list[ToolCallRecord]
+
+    @classmethod
+    def from_transcript(cls, messages: list[Message], content: str | None) -> Reply:
+        results = {m["tool_call_id"]: m["content"] for m in messages if m.get("role") == "tool"}
+        calls = [
+            ToolCallRecord(c["id"], c["name"], c.get("args") or {}, results.get(c["id"]))
+            for m in messages
+            if m.get("role") == "assistant"
+            for c in m.get("tool_calls") or ()
+        ]
+        usage: dict[str, int] = {"input_tokens": 0, "output_tokens": 0}
+        for m in messages:
+            if m.get("role") == "assistant":
+                add_usage(usage, m.get("usage"))
+        return cls(content, messages, usage, calls)
+
+
+def open_calls(messages: list[Message]) -> list[dict[str, Any]]:
+    """Tool calls of the last assistant turn that have no result yet, in order."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.get("role") == "assistant":
+            done = {m["tool_call_id"] for m in messages[index + 1 :] if m.get("role") == "tool"}
+            return [c for c in message.get("tool_calls") or () if c["id"] not in done]
+    return []
+
+
+def _seen_versions(messages: list[Message]) -> dict[str, str]:
+    """Rebuild read-before-write state from the transcript, so a resumed run keeps it."""
+    seen: dict[str, str] = {}
+    for m in messages:
+        if m.get("role") == "tool" and m.get("name") in ("read", "write"):
+            content = m.get("content") or {}
+            if "path" in content and "version" in content:
+                seen[content["path"]] = content["version"]
+    return seen
+
+
+class Agent:
+    """Declare an agent by subclassing; see docs/agents.md."""
+
+    model: ClassVar[Any] = None
+    sandbox: ClassVar[Any] = "virtual"
+    permissions: ClassVar[Any] = "read_only"
+    instructions: ClassVar[str] = ""
+    tools: ClassVar[list[Any]] = []
+    mcp_servers: ClassVar[list[Any]] = []
+    fetch_allow: ClassVar[list[str]] = []
+    search_backend: ClassVar[Any] = None
+    max_turns: ClassVar[int] = 25
+
+    def __init__(
+        self,
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        permissions: Permissions | str | None = None,
+        sandbox: Sandbox | str | None = None,
+        model: Any = None,
+        on_event: EventCallback | None = None,
+    ) -> None:
+        from .conf import nexo_settings
+
+        cls = type(self)
+        self.cwd = os.fspath(cwd) if cwd is not None else None
+        self.gate: Permissions = Permissions.resolve(permissions if permissions is not None else cls.permissions)
+        protected = nexo_settings.PROTECTED_NAMES
+        self.workspace: Sandbox = make_sandbox(
+            sandbox if sandbox is not None else cls.sandbox,
+            self.cwd,
+            protected=tuple(protected) if protected is not None else None,
+        )
+        self.llm = resolve_model(self._pick_model(model, nexo_settings.MODEL), nexo_settings.PROVIDERS)
+        self.limits = Limits.from_mapping(nexo_settings.LIMITS)
+        self.on_event = on_event
+        self.search = self._pick_search(nexo_settings.SEARCH_BACKEND)
+        self._mcp: Any = None
+        self._mcp_tools: list[Tool] | None = None
+        self._toolset: dict[str, Tool] | None = None
+        self._context: ToolContext | None = None
+
+    # --- configuration -------------------------------------------------------------------
+
+    @classmethod
+    def path(cls) -> str:
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    def _pick_model(self, given: Any, setting: Any) -> Any:
+        for candidate in (given, type(self).model, setting, os.environ.get("NEXO_MODEL") or None):
+            if candidate is not None:
+                return candidate
+        raise ConfigurationError(
+            f"{type(self).__name__} has no model: set `model = \"openai:gpt-4.1-mini\"` on the class, "
+            'NEXO["MODEL"] in settings, or the NEXO_MODEL environment variable'
+        )
+
+    def _pick_search(self, setting: Any) -> Any:
+        backend = type(self).search_backend or setting
+        if isinstance(backend, str):
+            from django.utils.module_loading import import_string
+
+            backend = import_string(backend)
+        return backend
+
+    def builtin_tools(self) -> list[Tool]:
+        """The built-in tools attached to this agent: read and glob always; the others when the
+        sandbox can do them and the gate does not rule them out."""
+        attached = [READ, GLOB]
+        if self.workspace.can_write and not self.gate.never_allows("write"):
+            attached.append(WRITE)
+        if self.workspace.can_shell and not self.gate.never_allows("shell"):
+            attached.append(SHELL)
+        if type(self).fetch_allow and not self.gate.never_allows("fetch"):
+            attached.append(FETCH)
+        if self.search is not None and not self.gate.never_allows("search"):
+            attached.append(SEARCH)
+        return attached
+
+    def toolset(self) -> dict[str, Tool]:
+        if self._toolset is None:
+            tools: dict[str, Tool] = {t.name: t for t in self.builtin_tools()}
+            for extra in type(self).tools:
+                if not isinstance(extra, Tool):
+                    raise ConfigurationError(
+                        f"{type(self).__name__}.tools: {extra!r} is not a tool; decorate it with @nexo_django.tool"
+                    )
+                if extra.name in tools:
+                    raise ConfigurationError(f"{type(self).__name__}.tools: a tool named {extra.name!r} exists already")
+                if extra.capability == "mcp" or not self.gate.never_allows(extra.capability):
+                    tools[extra.name] = extra
+            for mcp_tool in self._list_mcp_tools():
+                tools[mcp_tool.name] = mcp_tool
+            self._toolset = tools
+        return self._toolset
+
+    def _list_mcp_tools(self) -> list[Tool]:
+        if not type(self).mcp_servers:
+            return []
+        if self._mcp_tools is None:
+            from .mcp import MCPManager
+
+            self._mcp = MCPManager(type(self).mcp_servers, reserved={t.name for t in self.builtin_tools()})
+            self._mcp_tools = [t for t in self._mcp.tools() if self._mcp_attachable(t)]
+        return self._mcp_tools
+
+    def _mcp_attachable(self, mcp_tool: Tool) -> bool:
+        # Under read_only only names in mcp_allow can ever run: attach only those.
+        return self.gate.mode != "read_only" or mcp_tool.name in self.gate.mcp_allow
+
+    def close(self) -> None:
+        """Close MCP sessions; the next step opens them again."""
+        if self._mcp is not None:
+            self._mcp.close()
+        self._mcp = None
+        self._mcp_tools = None
+        self._toolset = None
+
+    def initial_messages(self, prompt: str) -> list[Message]:
+        messages: list[Message] = []
+        if type(self).instructions:
+            messages.append({"role": "system", "content": type(self).instructions})
+        messages.append({"role": "user", "content": prompt})
+        return messages
+
+    def context(self, messages: list[Message]) -> ToolContext:
+        return ToolContext(
+            sandbox=self.workspace,
+            permissions=self.gate,
+            limits=self.limits,
+            versions=_seen_versions(messages),
+            fetch_allow=tuple(type(self).fetch_allow),
+            search_backend=self.search,
+            mcp=self._mcp,
+        )
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def drive(self, journal: Journal) -> Outcome:
+        """Step until the run is done, suspended or stopped. Serves first runs and resumes."""
+        self._context = self.context(journal.messages)
+        try:
+            while True:
+                outcome = self.step(journal)
+                if outcome.kind != "continue":
+                    return outcome
+        finally:
+            self.close()
+
+    def step(self, journal: Journal) -> Outcome:
+        calls = open_calls(journal.messages)
+        if calls:
+            return self._run_calls(calls, journal)
+        return self._model_turn(journal)
+
+    def _model_turn(self, journal: Journal) -> Outcome:
+        turn = sum(1 for m in journal.messages if m.get("role") == "assistant") + 1
+        if turn > type(self).max_turns:
+            raise MaxTurnsExceeded(
+                f"{type(self).__name__} used its {type(self).max_turns} turns (max_turns) without a final answer"
+            )
+        specs = [t.spec() for t in self.toolset().values()]
+        journal.emit("model_request", {"turn": turn, "messages": len(journal.messages), "tools": len(specs)})
+        completion = self.llm.complete(journal.messages, specs)
+        message = dict(completion.message)
+        message["usage"] = dict(completion.usage)
+        journal.append(message)
+        names = [c.get("name") for c in message.get("tool_calls") or ()]
+        journal.emit("model_reply", {"turn": turn, "tool_calls": names, "usage": message["usage"]})
+        if not names:
+            journal.emit("done", {"turn": turn})
+            return Outcome("done", content=message.get("content"))
+        return Outcome("continue")
+
+    def _run_calls(self, calls: list[dict[str, Any]], journal: Journal) -> Outcome:
+        base = self._context or self.context(journal.messages)
+        toolset = self.toolset()
+        pending: list[PendingCall] = []
+        stop = False
+        for call in calls:
+            tool = toolset.get(call["name"])
+            decision = journal.decision_for(call["id"])
+            journal.emit("tool_call", {"id": call["id"], "name": call["name"]})
+            if call.get("error"):
+                result = error(f"{call['name']}: {call['error']}")
+            elif tool is None:
+                result = error(f"unknown tool {call['name']!r}; available: {', '.join(sorted(toolset))}")
+            elif decision is not None and not decision.approved:
+                note = f": {decision.note}" if decision.note else ""
+                result = error(f"{call['name']} denied by the approver{note}")
+                stop = stop or decision.stop
+            else:
+                args = decision.args if decision is not None and decision.args is not None else call.get("args")
+                gate = self.gate.with_decision(decision.verdict()) if decision is not None else self.gate
+                ctx = dataclasses.replace(base, permissions=gate)
+                try:
+                    args = tool.validate(args)
+                    tool.gate(args, ctx)
+                except (ToolArgumentError, Denied) as exc:
+                    result = error(str(exc))
+                except ApprovalRequired:
+                    pending.append(PendingCall(call["id"], call["name"], tool.capability, args))
+                    continue
+                else:
+                    journal.call_started(call, tool, args)
+                    try:
+                        result = tool.run_gated(args, ctx)
+                    except SecurityError as exc:
+                        journal.emit("security", {"id": call["id"], "name": call["name"], "error": str(exc)})
+                        journal.call_failed(call, tool, exc)
+                        raise
+            journal.call_finished(call, tool, result)
+            journal.emit("tool_result", {"id": call["id"], "name": call["name"], "error": "error" in result})
+        if stop:
+            journal.emit("stopped", {})
+            return Outcome("stopped")
+        if pending:
+            journal.suspend(pending)
+            journal.emit("suspended", {"pending": [p.id for p in pending]})
+            return Outcome("suspended", pending=pending)
+        return Outcome("continue")
+
+    # --- entry points --------------------------------------------------------------------
+
+    def prompt(self, text: str) -> Reply:
+        """Run in process, with no database. Raises ``ApprovalRequired`` (with every pending call
+        of the turn in ``.pending``) when a call needs a person's decision."""
+        journal = Journal(self.initial_messages(text), on_event=self.on_event)
+        outcome = self.drive(journal)
+        if outcome.kind == "suspended":
+            first = outcome.pending[0]
+            raise ApprovalRequired(first.capability, first.args, args=first.args, pending=outcome.pending)
+        return Reply.from_transcript(journal.messages, outcome.content)
+
+    @classmethod
+    def run(cls, prompt: str, *, user: Any = None, **kwargs: Any) -> Any:
+        """Durable, synchronous: runs now in this process and returns the ``AgentRun``."""
+        from .runs import start_run
+
+        return start_run(cls, prompt, user=user, later=False, **kwargs)
+
+    @classmethod
+    def run_later(cls, prompt: str, *, user: Any = None, **kwargs: Any) -> Any:
+        """Durable, enqueued when the current transaction commits; returns the ``AgentRun``."""
+        from .runs import start_run
+
+        return start_run(cls, prompt, user=user, later=True, **kwargs)

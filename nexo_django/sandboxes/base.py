@@ -1,0 +1,79 @@
+"""Where tools act. A sandbox reads, lists and writes files under one root, and maybe runs shell.
+
+Pure Python, no Django import. Paths given to a sandbox are untrusted model input: a path that
+tries to leave the root raises :class:`~nexo_django.errors.SecurityError`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+#: Names never written, matched on the normalised relative path (fnmatch patterns).
+DEFAULT_PROTECTED: tuple[str, ...] = (
+    ".git/hooks/*",
+    ".git/config",
+    ".bashrc",
+    ".bash_profile",
+    ".profile",
+    ".zshrc",
+    ".zprofile",
+    ".bash_login",
+    ".envrc",
+)
+
+
+@dataclass(frozen=True)
+class FileRead:
+    path: str  # normalised, relative to the root
+    data: bytes  # at most the byte cap
+    size: int  # the file's size when read
+    truncated: bool
+    version: str  # opaque; changes when the file changes
+
+
+@dataclass(frozen=True)
+class GlobResult:
+    paths: list[str]  # normalised, relative, sorted
+    truncated: bool
+    reason: str = ""  # why it stopped early, if it did
+
+
+class Sandbox(ABC):
+    kind: str = ""
+    can_write: bool = True
+    can_shell: bool = False
+
+    @abstractmethod
+    def normalize(self, path: str) -> str:
+        """The relative, normalised form of ``path``; ``SecurityError`` if it leaves the root."""
+
+    @abstractmethod
+    def read(self, path: str, max_bytes: int) -> FileRead:
+        """Read a regular file, at most ``max_bytes`` bytes. ``FileNotFoundError`` if absent."""
+
+    @abstractmethod
+    def version(self, path: str) -> str | None:
+        """The file's current version, or ``None`` when there is no such file."""
+
+    @abstractmethod
+    def write(self, path: str, data: bytes, *, expected_version: str | None) -> str:
+        """Replace the file atomically and return its new version. ``expected_version`` is the
+        version the caller saw (``None``: the file must not exist); a mismatch raises
+        :class:`StaleWrite`."""
+
+    @abstractmethod
+    def glob(self, pattern: str, *, max_entries: int, max_depth: int, timeout: float) -> GlobResult:
+        """Files matching ``pattern`` (``**`` crosses directories), bounded."""
+
+    def shell(self, command: str, *, timeout: float, max_output: int) -> dict[str, Any]:
+        return {"error": f"the {self.kind} sandbox has no shell"}
+
+    @abstractmethod
+    def spec(self) -> dict[str, Any]:
+        """JSON that rebuilds this sandbox in another process (see :func:`from_spec`)."""
+
+
+class StaleWrite(Exception):
+    """The file changed between the read the model saw and the write."""

@@ -1,0 +1,73 @@
+"""Helpers for tests: a scripted model that plays canned replies instead of a real provider.
+
+Everything here is scripted: no model service is called.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from .errors import ModelError
+from .llm.base import Completion, Message
+
+
+def tool_call(name: str, /, **args: Any) -> dict[str, Any]:
+    """One scripted tool call. ``id`` is given by the turn it is played in."""
+    return {"type": "tool_call", "name": name, "args": args}
+
+
+def reply(content: str) -> dict[str, Any]:
+    """A scripted final answer (or text that accompanies tool calls in a list)."""
+    return {"type": "reply", "content": content}
+
+
+class ScriptedModel:
+    """A deterministic, scripted stand-in for a model.
+
+    Each script entry is one assistant turn: a ``tool_call(...)``, a ``reply(...)``, or a list of
+    them (parallel calls, with an optional text). The entry played is chosen by how many assistant
+    turns the transcript it is sent already holds, so a run resumed in another process continues
+    the same script. Call ids are ``call_<turn>_<index>``.
+    """
+
+    is_scripted = True
+
+    def __init__(self, script: list[Any], *, name: str = "scripted") -> None:
+        self.script = list(script)
+        self.name = name
+        self.requests: list[dict[str, Any]] = []
+
+    def __repr__(self) -> str:
+        return f"ScriptedModel({len(self.script)} scripted turns)"
+
+    def __str__(self) -> str:
+        return f"scripted model ({len(self.script)} turns)"
+
+    def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> Completion:
+        self.requests.append({"messages": copy.deepcopy(messages), "tools": [t["name"] for t in tools]})
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        if turn >= len(self.script):
+            raise ModelError(
+                f"the scripted model has {len(self.script)} turns and was asked for turn {turn + 1}"
+            )
+        entry = self.script[turn]
+        items = entry if isinstance(entry, list) else [entry]
+        texts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for item in items:
+            if item.get("type") == "reply":
+                texts.append(item["content"])
+            elif item.get("type") == "tool_call":
+                calls.append(
+                    {"id": f"call_{turn}_{len(calls)}", "name": item["name"], "args": copy.deepcopy(item["args"])}
+                )
+            else:
+                raise ModelError(f"scripted turn {turn + 1}: use reply(...) or tool_call(...), got {item!r}")
+        message: Message = {"role": "assistant", "content": "\n".join(texts) if texts else None}
+        if calls:
+            message["tool_calls"] = calls
+        prompt_chars = sum(len(json.dumps(m, default=str)) for m in messages)
+        usage = {"input_tokens": prompt_chars // 4, "output_tokens": len(json.dumps(message)) // 4}
+        return Completion(message=message, usage=usage)

@@ -1,0 +1,258 @@
+"""What a tool is: a name, a JSON schema, the capability it needs, whether it is idempotent.
+
+Every tool asks the gate before it touches anything. ``Denied`` becomes ``{"error": ...}`` for the
+model; ``ApprovalRequired`` and ``SecurityError`` propagate to the loop.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jsonschema import Draft202012Validator
+
+from ..errors import ApprovalRequired, Denied, SecurityError, ToolArgumentError
+from ..permissions import CAPABILITIES, Permissions
+
+if TYPE_CHECKING:
+    from ..sandboxes.base import Sandbox
+
+ToolResult = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps applied by the built-in tools. ``NEXO["LIMITS"]`` overrides any of them."""
+
+    read_max_bytes: int = 256 * 1024
+    glob_max_entries: int = 1000
+    glob_max_depth: int = 32
+    glob_timeout: float = 5.0
+    shell_timeout: float = 30.0
+    shell_max_output: int = 64 * 1024
+    fetch_timeout: float = 20.0
+    fetch_max_bytes: int = 2 * 1024 * 1024
+    fetch_max_redirects: int = 5
+    fetch_ports: tuple[int, ...] = (80, 443)
+    fetch_allow_private: bool = False
+    search_max_results: int = 10
+    search_snippet_chars: int = 500
+    result_max_chars: int = 100_000
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> Limits:
+        if not values:
+            return cls()
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown limit(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        data = dict(values)
+        if "fetch_ports" in data:
+            data["fetch_ports"] = tuple(data["fetch_ports"])
+        return cls(**data)
+
+
+@dataclass
+class ToolContext:
+    """Everything a tool may use while it runs. Built by the agent for each run."""
+
+    sandbox: Sandbox
+    permissions: Permissions
+    limits: Limits = field(default_factory=Limits)
+    #: normalised path -> version string last seen by ``read``/``write`` (read-before-write).
+    versions: dict[str, str] = field(default_factory=dict)
+    fetch_allow: tuple[str, ...] = ()
+    search_backend: Callable[[str, int], Any] | None = None
+    #: set by the agent when MCP servers are declared (``nexo_django.mcp``).
+    mcp: Any = None
+
+
+def error(message: str) -> ToolResult:
+    return {"error": message}
+
+
+class Tool:
+    """A callable the model can ask for. Subclass it, or use :func:`tool` on a function."""
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        parameters: dict[str, Any],
+        *,
+        capability: str,
+        idempotent: bool,
+        run: Callable[[dict[str, Any], ToolContext], Any] | None = None,
+        detail: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
+        if capability not in CAPABILITIES and capability != "mcp":
+            raise ValueError(
+                f"tool {name!r}: unknown capability {capability!r}; expected one of {', '.join(CAPABILITIES)}"
+            )
+        self.name = name
+        self.description = description
+        self.parameters = parameters
+        self.capability = capability
+        self.idempotent = idempotent
+        self._run = run
+        self._detail = detail
+        Draft202012Validator.check_schema(parameters)
+        self._validator = Draft202012Validator(parameters)
+
+    def __repr__(self) -> str:
+        return f"<Tool {self.name} capability={self.capability}>"
+
+    def spec(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def validate(self, args: Any) -> dict[str, Any]:
+        if not isinstance(args, dict):
+            raise ToolArgumentError(f"{self.name}: arguments must be a JSON object, got {type(args).__name__}")
+        problems = sorted(self._validator.iter_errors(args), key=lambda e: list(e.path))
+        if problems:
+            first = problems[0]
+            where = ".".join(str(p) for p in first.path) or "arguments"
+            if first.validator == "required":
+                missing = [r for r in first.validator_value if r not in args]
+                raise ToolArgumentError(f"{self.name}: missing required argument {', '.join(missing)!s}")
+            if first.validator == "additionalProperties":
+                extra = sorted(set(args) - set(self.parameters.get("properties", {})))
+                raise ToolArgumentError(f"{self.name}: unexpected argument {', '.join(extra)}")
+            raise ToolArgumentError(f"{self.name}: argument {where}: {first.message}")
+        return args
+
+    def detail(self, args: dict[str, Any]) -> Any:
+        """What the gate (and ``ask_when``) sees of a call."""
+        return self._detail(args) if self._detail else args
+
+    def gate(self, args: dict[str, Any], ctx: ToolContext) -> None:
+        ctx.permissions.authorize(self.capability, self.detail(args))
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        if self._run is None:
+            raise NotImplementedError(f"tool {self.name} has no implementation")
+        return self._run(args, ctx)
+
+    def invoke(self, args: Any, ctx: ToolContext) -> ToolResult:
+        """Validate, ask the gate, run. Never raises for the model's mistakes."""
+        try:
+            args = self.validate(args)
+            self.gate(args, ctx)
+        except (ToolArgumentError, Denied) as exc:
+            return error(str(exc))
+        return self.run_gated(args, ctx)
+
+    def run_gated(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        """Run a call that already passed the gate."""
+        try:
+            result = self.execute(args, ctx)
+        except (ApprovalRequired, SecurityError):
+            raise
+        except (ToolArgumentError, Denied) as exc:
+            return error(str(exc))
+        except Exception as exc:  # a tool bug or an OS error must not kill the run
+            return error(f"{self.name} failed: {type(exc).__name__}: {exc}")
+        return normalise_result(result)
+
+
+def normalise_result(result: Any) -> ToolResult:
+    if isinstance(result, dict):
+        return result
+    return {"result": result}
+
+
+# --- the @tool decorator -----------------------------------------------------------------
+
+_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+def _schema_for(annotation: Any, where: str) -> dict[str, Any]:
+    if annotation in _JSON_TYPES:
+        return {"type": _JSON_TYPES[annotation]}
+    origin = typing.get_origin(annotation)
+    targs = typing.get_args(annotation)
+    if origin is list:
+        return {"type": "array", "items": _schema_for(targs[0], where) if targs else {}}
+    if origin is dict or annotation is dict:
+        return {"type": "object"}
+    if origin is typing.Literal:
+        return {"enum": list(targs)}
+    if origin in (typing.Union, types.UnionType):
+        non_none = [a for a in targs if a is not type(None)]
+        if len(non_none) == 1:
+            return {"anyOf": [_schema_for(non_none[0], where), {"type": "null"}]}
+    raise TypeError(f"{where}: cannot make a JSON schema for annotation {annotation!r}")
+
+
+def _takes_context(param: inspect.Parameter, hints: dict[str, Any]) -> bool:
+    return param.name == "ctx" or hints.get(param.name) is ToolContext
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    capability: str | None = None,
+    idempotent: bool | None = None,
+    name: str | None = None,
+    description: str | None = None,
+) -> Any:
+    """Turn a typed function into a :class:`Tool`::
+
+        @nexo_django.tool(capability="read")
+        def word_count(path: str, ctx: ToolContext) -> dict: ...
+
+    ``capability`` is required: it is what the gate decides on. A parameter named ``ctx`` (or
+    annotated ``ToolContext``) receives the run's context and is not part of the schema.
+    ``idempotent`` defaults to True for ``read``/``glob``/``search`` and False otherwise.
+    """
+
+    def wrap(func: Callable[..., Any]) -> Tool:
+        tool_name = name or func.__name__
+        if capability is None:
+            raise TypeError(
+                f"@tool {tool_name}: declare the capability it needs, e.g. @tool(capability='read')"
+            )
+        hints = typing.get_type_hints(func)
+        signature = inspect.signature(func)
+        properties: dict[str, Any] = {}
+        required: list[str] = []
+        wants_ctx = False
+        for param in signature.parameters.values():
+            if _takes_context(param, hints):
+                wants_ctx = True
+                continue
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise TypeError(f"@tool {tool_name}: *args/**kwargs cannot be described to a model")
+            if param.name not in hints:
+                raise TypeError(f"@tool {tool_name}: parameter {param.name!r} needs a type annotation")
+            properties[param.name] = _schema_for(hints[param.name], f"@tool {tool_name}.{param.name}")
+            if param.default is inspect.Parameter.empty:
+                required.append(param.name)
+        schema = {
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": False,
+        }
+        doc = inspect.getdoc(func) or ""
+
+        def run(args: dict[str, Any], ctx: ToolContext) -> Any:
+            return func(**args, ctx=ctx) if wants_ctx else func(**args)
+
+        return Tool(
+            tool_name,
+            description if description is not None else doc.split("\n\n")[0],
+            schema,
+            capability=capability,
+            idempotent=idempotent if idempotent is not None else capability in ("read", "glob", "search"),
+            run=run,
+        )
+
+    if fn is not None:
+        return wrap(fn)
+    return wrap

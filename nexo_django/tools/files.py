@@ -1,0 +1,115 @@
+"""``read``, ``glob``, ``write``: the file tools, over whatever sandbox the run has."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..sandboxes.base import StaleWrite
+from .base import Tool, ToolContext, error
+
+
+def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    cap = ctx.limits.read_max_bytes
+    try:
+        got = ctx.sandbox.read(args["path"], cap)
+    except FileNotFoundError:
+        return error(f"read: no file {args['path']!r}")
+    except IsADirectoryError:
+        return error(f"read: {args['path']!r} is a directory; use glob to list it")
+    text = got.data.decode("utf-8", errors="replace")
+    result: dict[str, Any] = {"path": got.path, "size": got.size, "version": got.version}
+    if got.truncated:
+        text += f"\n[... truncated: showed {len(got.data)} of {got.size} bytes]"
+    result["content"] = text
+    result["truncated"] = got.truncated
+    ctx.versions[got.path] = got.version
+    return result
+
+
+def _glob(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    limits = ctx.limits
+    found = ctx.sandbox.glob(
+        args["pattern"],
+        max_entries=limits.glob_max_entries,
+        max_depth=limits.glob_max_depth,
+        timeout=limits.glob_timeout,
+    )
+    result: dict[str, Any] = {"pattern": args["pattern"], "matches": found.paths, "truncated": found.truncated}
+    if found.truncated:
+        result["note"] = f"stopped early: {found.reason}"
+    return result
+
+
+def _write(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    path = args["path"]
+    rel = ctx.sandbox.normalize(path)
+    current = ctx.sandbox.version(path)
+    if current is not None:
+        seen = ctx.versions.get(rel)
+        if seen is None:
+            return error(f"write: {rel!r} exists; read it before overwriting it")
+        if seen != current:
+            return error(f"write: {rel!r} changed since you read it; read it again before writing")
+    data = args["content"].encode("utf-8")
+    try:
+        version = ctx.sandbox.write(path, data, expected_version=current)
+    except StaleWrite:
+        return error(f"write: {rel!r} changed while writing; read it again")
+    except IsADirectoryError:
+        return error(f"write: {rel!r} is a directory")
+    ctx.versions[rel] = version
+    return {"path": rel, "bytes_written": len(data), "created": current is None, "version": version}
+
+
+def _path_detail(args: dict[str, Any]) -> Any:
+    return args.get("path")
+
+
+READ = Tool(
+    "read",
+    "Read a text file in the workspace. Large files are cut at a byte cap and say so.",
+    {
+        "type": "object",
+        "properties": {"path": {"type": "string", "description": "Path relative to the workspace."}},
+        "required": ["path"],
+        "additionalProperties": False,
+    },
+    capability="read",
+    idempotent=True,
+    run=_read,
+    detail=_path_detail,
+)
+
+GLOB = Tool(
+    "glob",
+    "List files matching a glob pattern (`*` within a folder, `**` across folders).",
+    {
+        "type": "object",
+        "properties": {"pattern": {"type": "string", "description": "For example `**/*.py`."}},
+        "required": ["pattern"],
+        "additionalProperties": False,
+    },
+    capability="glob",
+    idempotent=True,
+    run=_glob,
+    detail=lambda args: args.get("pattern"),
+)
+
+WRITE = Tool(
+    "write",
+    "Create or replace a text file. An existing file must be read first; "
+    "the write is refused if it changed since.",
+    {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "Path relative to the workspace."},
+            "content": {"type": "string", "description": "The whole new content."},
+        },
+        "required": ["path", "content"],
+        "additionalProperties": False,
+    },
+    capability="write",
+    idempotent=False,
+    run=_write,
+    detail=_path_detail,
+)
