@@ -1,0 +1,474 @@
+"""A workspace folder on disk. Confinement is enforced on file descriptors, never on path strings.
+
+Every operation opens the root (canonicalised once, at construction) and walks the path one
+component at a time with ``O_NOFOLLOW``, relative to the directory descriptor it already holds.
+A symbolic link anywhere on the way is refused, so whatever changed on disk since a path was
+checked (a directory swapped for a link while a call waited for approval), the descriptor that is
+finally read or written is inside the root. The shell is NOT confined: see docs/sandboxes.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import hashlib
+import os
+import posixpath
+import secrets
+import selectors
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from ..errors import ConfigurationError, SecurityError
+from .base import DEFAULT_PROTECTED, FileRead, GlobResult, Sandbox, StaleWrite
+from .virtual import MAX_NAME_CHARS, MAX_PATH_CHARS, _glob_match
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+# O_NONBLOCK: a FIFO swapped in after the lstat must not block the open; O_NOCTTY: a terminal
+# device must never become our controlling terminal.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+_CHUNK = 64 * 1024
+
+SHELL_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: Past this many bytes of output (beyond the cap) a command is stopped rather than drained.
+SHELL_DRAIN_FACTOR = 16
+
+
+def _version(st: os.stat_result) -> str:
+    # ctime as well as mtime: an in-place edit that restores mtime (touch -d) still changes ctime.
+    key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+class LocalSandbox(Sandbox):
+    kind = "local"
+    can_write = True
+    can_shell = True
+
+    def __init__(self, root: str | os.PathLike[str], *, protected: tuple[str, ...] = DEFAULT_PROTECTED) -> None:
+        given = os.fspath(root)
+        # Resolved once: a symlink in front of the root is followed now and never again.
+        self.root: str = os.path.realpath(given)
+        try:
+            st = os.stat(self.root, follow_symlinks=False)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"the local sandbox root {given!r} ({self.root}) does not exist: create the folder first"
+            ) from exc
+        if not stat.S_ISDIR(st.st_mode):
+            raise ConfigurationError(f"the local sandbox root {given!r} ({self.root}) is not a directory")
+        self._root_id = (st.st_dev, st.st_ino)
+        self.protected: tuple[str, ...] = tuple(protected)
+
+    def __repr__(self) -> str:
+        return f"LocalSandbox({self.root!r})"
+
+    # --- paths -----------------------------------------------------------------------------
+
+    def normalize(self, path: str) -> str:
+        if not isinstance(path, str) or not path:
+            raise SecurityError("a path must be a non-empty string")
+        if "\x00" in path:
+            raise SecurityError(f"path {path!r} contains a NUL byte")
+        if len(path) > MAX_PATH_CHARS:
+            raise SecurityError(f"path is longer than {MAX_PATH_CHARS} characters")
+        if path.startswith(("/", "~")):
+            raise SecurityError(f"path {path!r} is absolute; paths are relative to the workspace root")
+        parts = [p for p in path.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise SecurityError(f"path {path!r} contains '..'; paths stay inside the workspace")
+        if not parts:
+            raise SecurityError(f"path {path!r} names the workspace root, not a file")
+        for part in parts:
+            try:
+                encoded = os.fsencode(part)
+            except UnicodeEncodeError as exc:
+                raise SecurityError(f"path {path!r} is not valid text for a file name") from exc
+            if len(part) > MAX_NAME_CHARS or len(encoded) > MAX_NAME_CHARS:
+                raise SecurityError(f"a name in {path!r} is longer than {MAX_NAME_CHARS} bytes")
+        return "/".join(parts)
+
+    def _check_protected(self, rel: str) -> None:
+        for pattern in self.protected:
+            if fnmatch.fnmatchcase(rel, pattern) or fnmatch.fnmatchcase(posixpath.basename(rel), pattern):
+                raise SecurityError(f"{rel!r} is a protected name ({pattern}) and is never written")
+
+    # --- descriptors ---------------------------------------------------------------------------
+
+    def _open_root(self) -> int:
+        try:
+            fd = os.open(self.root, _DIR_FLAGS)
+        except OSError as exc:
+            raise SecurityError(
+                f"the workspace root {self.root} cannot be opened as a plain directory ({exc.strerror}); "
+                "it was removed or replaced by a link: build a new sandbox"
+            ) from exc
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != self._root_id:
+            os.close(fd)
+            raise SecurityError(
+                f"the workspace root {self.root} was replaced after the sandbox was created: build a new sandbox"
+            )
+        return fd
+
+    def _refuse(self, parent: int, name: str, rel: str, exc: OSError) -> OSError | SecurityError:
+        """Explain why ``name`` could not be opened as a directory: a link is a SecurityError."""
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except OSError:
+            st = None
+        if exc.errno == errno.ELOOP or (st is not None and stat.S_ISLNK(st.st_mode)):
+            return SecurityError(f"{rel!r} is a symbolic link; the workspace never follows links")
+        if exc.errno == errno.ENOTDIR:
+            return NotADirectoryError(errno.ENOTDIR, "not a directory", rel)
+        return exc
+
+    def _open_dir(self, parent: int, name: str, rel: str, *, create: bool) -> int:
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                raise
+        except OSError as exc:
+            raise self._refuse(parent, name, rel, exc) from exc
+        # mkdir never follows a link: a dangling link in the way fails with EEXIST.
+        with suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=parent)
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            raise self._refuse(parent, name, rel, exc) from exc
+
+    @contextmanager
+    def _parent(self, rel: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
+        """The descriptor of the directory holding ``rel`` (walked without links) and its name."""
+        parts = rel.split("/")
+        fd = self._open_root()
+        try:
+            for index, name in enumerate(parts[:-1]):
+                child = self._open_dir(fd, name, "/".join(parts[: index + 1]), create=create)
+                os.close(fd)
+                fd = child
+            yield fd, parts[-1]
+        finally:
+            os.close(fd)
+
+    def _lstat(self, parent: int, name: str, rel: str) -> os.stat_result:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise SecurityError(f"{rel!r} is a symbolic link; the workspace never follows links")
+        return st
+
+    def _special(self, rel: str, mode: int) -> SecurityError:
+        return SecurityError(f"{rel!r} is {_kind(mode)}; only regular files are read or written")
+
+    # --- files -----------------------------------------------------------------------------
+
+    def read(self, path: str, max_bytes: int) -> FileRead:
+        rel = self.normalize(path)
+        with self._parent(rel) as (parent, name):
+            # lstat first so a FIFO or a device is never even opened ...
+            st = self._lstat(parent, name, rel)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._special(rel, st.st_mode)
+            try:
+                fd = os.open(name, _READ_FLAGS, dir_fd=parent)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise SecurityError(f"{rel!r} is a symbolic link; the workspace never follows links") from exc
+                raise
+        try:
+            # ... and the descriptor decides: the entry may have been swapped since the lstat.
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._special(rel, st.st_mode)
+            # Never trust st_size (a growing file, /proc): read one byte past the cap to know.
+            chunks: list[bytes] = []
+            remaining = max_bytes + 1
+            while remaining > 0:
+                chunk = os.read(fd, min(remaining, _CHUNK))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                remaining -= len(chunk)
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        truncated = len(data) > max_bytes
+        size = max(st.st_size, len(data)) if truncated else len(data)
+        return FileRead(rel, data[:max_bytes], size, truncated, _version(st))
+
+    def version(self, path: str) -> str | None:
+        rel = self.normalize(path)
+        try:
+            with self._parent(rel) as (parent, name):
+                st = self._lstat(parent, name, rel)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise self._special(rel, st.st_mode)
+        return _version(st)
+
+    def write(self, path: str, data: bytes, *, expected_version: str | None) -> str:
+        rel = self.normalize(path)
+        self._check_protected(rel)
+        with self._parent(rel, create=True) as (parent, name):
+            try:
+                st: os.stat_result | None = self._lstat(parent, name, rel)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                raise self._special(rel, st.st_mode)
+            if (None if st is None else _version(st)) != expected_version:
+                raise StaleWrite(rel)
+            # Permission bits only: setuid/setgid never carry over to new content.
+            mode = 0o644 if st is None else stat.S_IMODE(st.st_mode) & 0o777
+            return self._replace(parent, name, data, mode)
+
+    def _replace(self, parent: int, name: str, data: bytes, mode: int) -> str:
+        """Write a temp file next to ``name`` and rename it over the entry.
+
+        The rename replaces whatever entry is there (a hardlink to an outside file, a link
+        swapped in since the check) instead of writing through it."""
+        tmp = f".nexo-{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=parent)
+        try:
+            try:
+                os.fchmod(fd, mode)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+                os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            except BaseException:
+                with suppress(OSError):
+                    os.unlink(tmp, dir_fd=parent)
+                raise
+            os.fsync(parent)
+            # After the rename: it changes the inode's ctime, which is part of the version.
+            return _version(os.fstat(fd))
+        finally:
+            os.close(fd)
+
+    # --- glob ------------------------------------------------------------------------------
+
+    def glob(self, pattern: str, *, max_entries: int, max_depth: int, timeout: float) -> GlobResult:
+        if not isinstance(pattern, str) or not pattern:
+            raise SecurityError("a glob pattern must be a non-empty string")
+        if "\x00" in pattern or ".." in pattern.split("/") or pattern.startswith(("/", "~")):
+            raise SecurityError(f"glob pattern {pattern!r} leaves the workspace")
+        if len(pattern) > MAX_PATH_CHARS:
+            raise SecurityError(f"glob pattern is longer than {MAX_PATH_CHARS} characters")
+        pats = [p for p in pattern.split("/") if p not in ("", ".")]
+        walk = _Walk(pattern, pats, max_entries, max_depth, time.monotonic() + timeout)
+        root = self._open_root()
+        try:
+            walk.visit(root, [])
+        except _Stop:
+            pass
+        finally:
+            os.close(root)
+        return GlobResult(sorted(walk.found), bool(walk.reason), walk.reason)
+
+    # --- shell -----------------------------------------------------------------------------
+
+    def shell(self, command: str, *, timeout: float, max_output: int) -> dict[str, Any]:
+        """Run ``/bin/sh -c command`` in the root. Not a sandbox: it limits, it does not confine."""
+        fd = self._open_root()  # refuses a root that was swapped since construction
+        os.close(fd)
+        tmpdir = tempfile.mkdtemp(prefix="nexo-shell-")
+        try:
+            return _run_shell(command, self.root, tmpdir, timeout, max_output)
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": "local", "root": self.root, "protected": list(self.protected)}
+
+
+class _Stop(Exception):
+    pass
+
+
+def _may_hold_matches(parts: list[str], pats: list[str]) -> bool:
+    """Whether a file below the directory ``parts`` could match ``pats`` (prunes the walk)."""
+    if not pats:
+        return False
+    if pats[0] == "**" or not parts:
+        return True
+    return fnmatch.fnmatchcase(parts[0], pats[0]) and _may_hold_matches(parts[1:], pats[1:])
+
+
+class _Walk:
+    """A bounded walk over directory descriptors: links are neither followed nor listed."""
+
+    def __init__(self, pattern: str, pats: list[str], max_entries: int, max_depth: int, deadline: float) -> None:
+        self.pattern = pattern
+        self.pats = pats
+        self.max_entries = max_entries
+        self.max_depth = max_depth
+        self.deadline = deadline
+        self.found: list[str] = []
+        self.reason = ""
+
+    def _stop(self, reason: str) -> None:
+        self.reason = reason
+        raise _Stop
+
+    def visit(self, fd: int, parts: list[str]) -> None:
+        with os.scandir(fd) as entries:
+            # Sorted, so that a truncated answer is the same on every run.
+            listed = []
+            for entry in entries:
+                if time.monotonic() > self.deadline:
+                    self._stop("time limit")
+                listed.append(entry)
+        listed.sort(key=lambda e: e.name)
+        for entry in listed:
+            if time.monotonic() > self.deadline:
+                self._stop("time limit")
+            child = [*parts, entry.name]
+            if entry.is_symlink():
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                if not _may_hold_matches(child, self.pats):
+                    continue
+                if len(child) >= self.max_depth:
+                    # Files below would sit deeper than max_depth: say so instead of hiding it.
+                    self.reason = self.reason or f"deeper than {self.max_depth} levels"
+                    continue
+                try:
+                    sub = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue  # removed, or swapped for a link, since it was listed
+                try:
+                    self.visit(sub, child)
+                finally:
+                    os.close(sub)
+            elif entry.is_file(follow_symlinks=False):
+                rel = "/".join(child)
+                if _glob_match(rel, self.pattern):
+                    if len(self.found) >= self.max_entries:
+                        self._stop(f"more than {self.max_entries} entries")
+                    self.found.append(rel)
+
+
+# --- shell ---------------------------------------------------------------------------------
+
+
+def _shell_env(root: str, tmpdir: str) -> dict[str, str]:
+    # Built from nothing: the worker's environment (secrets, LD_PRELOAD, BASH_ENV) never leaks in.
+    return {"PATH": SHELL_PATH, "HOME": root, "LANG": "C.UTF-8", "TMPDIR": tmpdir}
+
+
+def _killpg(pgid: int) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child exited, without reaping it: while it is a zombie its pid (the process
+    group id) cannot be reused, so killing the group after this is safe."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None
+    except ChildProcessError:
+        return True
+
+
+def _run_shell(command: str, cwd: str, tmpdir: str, timeout: float, max_output: int) -> dict[str, Any]:
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", command],
+        cwd=cwd,
+        env=_shell_env(cwd, tmpdir),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own session and process group, killed as a whole
+        close_fds=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    kept: dict[int, bytearray] = {out_fd: bytearray(), err_fd: bytearray()}
+    drained = 0
+    truncated = timed_out = flooded = False
+    selector = selectors.DefaultSelector()
+    try:
+        for fd in (out_fd, err_fd):
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, _CHUNK)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    continue
+                buffer = kept[key.fd]
+                room = max_output - len(buffer)
+                if len(chunk) > room:
+                    truncated = True
+                    drained += len(chunk) - max(room, 0)
+                buffer += chunk[: max(room, 0)]
+            if drained > SHELL_DRAIN_FACTOR * max_output + _CHUNK:
+                flooded = True
+                break
+        while not timed_out and not flooded and not _exited(proc.pid):
+            if time.monotonic() >= deadline:
+                timed_out = True
+                break
+            time.sleep(0.005)
+        # Whatever the command left behind in its group (background jobs) dies with it.
+        _killpg(proc.pid)
+        code = proc.wait()
+    finally:
+        selector.close()
+        proc.stdout.close()
+        proc.stderr.close()
+        if proc.returncode is None:
+            _killpg(proc.pid)
+            proc.wait()
+    stdout, stderr = (bytes(kept[fd]).decode("utf-8", "replace") for fd in (out_fd, err_fd))
+    if timed_out:
+        return {
+            "error": f"shell: command timed out after {timeout:g} s",
+            "stdout": stdout,
+            "stderr": stderr,
+            "truncated": truncated,
+        }
+    result: dict[str, Any] = {"exit_code": code, "stdout": stdout, "stderr": stderr, "truncated": truncated}
+    if flooded:
+        result["note"] = f"the command was stopped: it wrote far more than the {max_output}-byte cap"
+    return result
