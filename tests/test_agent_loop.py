@@ -268,6 +268,29 @@ def test_malformed_model_string_names_the_format(monkeypatch: pytest.MonkeyPatch
         Agent()
 
 
+def test_openai_model_string_from_settings_builds_the_provider(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    from nexo_django.llm.openai import OpenAIModel
+
+    monkeypatch.delenv("NEXO_MODEL", raising=False)
+    settings.NEXO = {
+        "MODEL": "openai:gpt-4.1-mini",
+        "PROVIDERS": {"openai": {"base_url": "http://127.0.0.1:9/v1"}},
+    }
+    llm = Agent().llm
+    assert isinstance(llm, OpenAIModel)
+    assert llm.model == "gpt-4.1-mini"
+
+
+def test_openai_model_string_from_environment_builds_the_provider(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    from nexo_django.llm.openai import OpenAIModel
+
+    settings.NEXO = {"PROVIDERS": {"openai": {"base_url": "http://127.0.0.1:9/v1"}}}
+    monkeypatch.setenv("NEXO_MODEL", "openai:llama3.2")
+    llm = Agent().llm
+    assert isinstance(llm, OpenAIModel)
+    assert llm.model == "llama3.2"
+
+
 # --- turns, calls and errors ----------------------------------------------------------------------
 
 
