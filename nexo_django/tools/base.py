@@ -221,13 +221,16 @@ def tool(
         signature = inspect.signature(func)
         properties: dict[str, Any] = {}
         required: list[str] = []
-        wants_ctx = False
+        ctx_name: str | None = None
         for param in signature.parameters.values():
             if _takes_context(param, hints):
-                wants_ctx = True
+                ctx_name = param.name
                 continue
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise TypeError(f"@tool {tool_name}: *args/**kwargs cannot be described to a model")
+            if param.kind is param.POSITIONAL_ONLY:
+                # Arguments arrive by name from the model; a positional-only one could never be set.
+                raise TypeError(f"@tool {tool_name}: parameter {param.name!r} is positional-only; drop the '/'")
             if param.name not in hints:
                 raise TypeError(f"@tool {tool_name}: parameter {param.name!r} needs a type annotation")
             properties[param.name] = _schema_for(hints[param.name], f"@tool {tool_name}.{param.name}")
@@ -242,7 +245,8 @@ def tool(
         doc = inspect.getdoc(func) or ""
 
         def run(args: dict[str, Any], ctx: ToolContext) -> Any:
-            return func(**args, ctx=ctx) if wants_ctx else func(**args)
+            # The context goes to the parameter that asked for it, whatever its name.
+            return func(**args, **{ctx_name: ctx}) if ctx_name is not None else func(**args)
 
         return Tool(
             tool_name,
