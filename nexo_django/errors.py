@@ -89,3 +89,20 @@ class MaxTurnsExceeded(NexoError):
 
 class TransitionError(NexoError):
     """A durable object is not in a state that allows the requested change."""
+
+
+class AlreadyDecided(TransitionError):
+    """The call was decided already (a second approver, a double click, a replayed post)."""
+
+
+class StaleDecision(TransitionError):
+    """The decision was made on arguments that are not the ones stored (a stale page)."""
+
+
+class InvalidEditedArguments(NexoError):
+    """Arguments edited by an approver do not fit the tool's schema or the gate."""
+
+
+class LeaseLost(NexoError):
+    """This worker no longer owns the run (its lease expired and another took it, or it was
+    cancelled); it stops without writing."""

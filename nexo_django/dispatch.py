@@ -1,0 +1,75 @@
+"""The only module that talks to django-rq. Jobs carry ids only and are sent at commit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from .conf import nexo_settings
+from .errors import ConfigurationError
+
+JOB_FUNC = "nexo_django.jobs.continue_run"
+
+
+def queue_name() -> str:
+    return str(nexo_settings.QUEUE)
+
+
+def queue_config(name: str | None = None) -> dict[str, Any]:
+    name = name or queue_name()
+    queues = getattr(settings, "RQ_QUEUES", None) or {}
+    if name not in queues:
+        raise ConfigurationError(
+            f'NEXO["QUEUE"] is {name!r} but RQ_QUEUES has no such queue; add it to RQ_QUEUES '
+            'or set NEXO["QUEUE"] to one of: ' + ", ".join(sorted(queues))
+        )
+    return dict(queues[name])
+
+
+def is_inline(name: str | None = None) -> bool:
+    """A queue with ``"ASYNC": False`` runs jobs in this process at commit, with no Redis."""
+    return queue_config(name).get("ASYNC", True) is False
+
+
+def job_id(run_id: Any, generation: int) -> str:
+    return f"nexo-run-{run_id}-{generation}"
+
+
+def enqueue_run(run_id: Any, generation: int) -> None:
+    """Wake a worker for the run when the current transaction commits."""
+    transaction.on_commit(lambda: send(str(run_id), generation))
+
+
+def send(run_id: str, generation: int) -> None:
+    if is_inline():
+        from .jobs import continue_run
+
+        continue_run(run_id)
+        return
+    get_queue().enqueue_call(
+        func=JOB_FUNC,
+        args=(run_id,),
+        job_id=job_id(run_id, generation),
+        timeout=int(nexo_settings.JOB_TIMEOUT),
+        result_ttl=3600,
+        failure_ttl=7 * 24 * 3600,
+        description=f"nexo run {run_id}",
+    )
+
+
+def get_queue() -> Any:
+    import django_rq
+
+    return django_rq.get_queue(queue_name())
+
+
+def job_exists(run_id: Any, generation: int) -> bool:
+    """Whether Redis still holds the run's current job (False for inline queues)."""
+    if is_inline():
+        return False
+    from rq.job import Job
+
+    queue = get_queue()
+    return bool(Job.exists(job_id(run_id, generation), connection=queue.connection))

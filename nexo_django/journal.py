@@ -1,0 +1,188 @@
+"""The database journal: the loop's writes, appended as rows and fenced by the run's lease.
+
+Each flush checks the lease in the same transaction as the rows it writes, so a worker that lost
+its run writes nothing. A step writes a constant number of rows whatever the run's length.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from .agent import CallDecision, Journal, open_calls
+from .conf import nexo_settings
+from .errors import LeaseLost, PendingCall
+from .llm.base import Message, add_usage
+from .models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall, args_digest
+
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .tools import Tool
+
+
+def crash_point(name: str) -> None:
+    """Test hook: ``NEXO_TEST_CRASH_AT=<name>`` kills this worker with SIGKILL right here, so crash
+    tests can stop a real worker at a chosen point. Unset in production: a dict lookup."""
+    if os.environ.get("NEXO_TEST_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def capped(value: Any, limit: int) -> Any:
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    if len(text) <= limit:
+        return value
+    return {"truncated": True, "preview": text[:limit]}
+
+
+class DbJournal(Journal):
+    def __init__(self, run: AgentRun, token: str, agent: Agent) -> None:
+        messages = list(RunMessage.objects.filter(run=run).order_by("seq").values_list("data", flat=True))
+        super().__init__(messages)
+        self.run = run
+        self.token = token
+        self.agent = agent
+        self.next_seq = len(messages)
+        self.event_limit = int(nexo_settings.EVENT_MAX_CHARS)
+        self.lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
+        self._messages: list[RunMessage] = []
+        self._events: list[RunEvent] = []
+        open_ids = [c["id"] for c in open_calls(messages)]
+        self.calls: dict[str, ToolCall] = {
+            c.tool_call_id: c
+            for c in ToolCall.objects.filter(run=run, tool_call_id__in=open_ids).select_related("decision")
+        } if open_ids else {}
+
+    # --- buffering ---------------------------------------------------------------------------
+
+    def append(self, message: Message) -> None:
+        super().append(message)
+        self._messages.append(
+            RunMessage(run_id=self.run.pk, seq=self.next_seq, role=message.get("role", ""), data=message)
+        )
+        self.next_seq += 1
+        if message.get("role") == "assistant":
+            # Persist the model's turn at once: a crash after this never asks the model again.
+            self.flush()
+
+    def emit(self, type: str, data: dict[str, Any]) -> None:
+        super().emit(type, data)
+        self._events.append(RunEvent(run_id=self.run.pk, type=type, data=capped(data, self.event_limit)))
+
+    def _fence(self) -> None:
+        updated = AgentRun.objects.filter(
+            pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING
+        ).update(lease_expires_at=timezone.now() + self.lease)
+        if not updated:
+            raise LeaseLost(f"run {self.run.pk} is no longer held by this worker")
+
+    def _write_buffers(self) -> None:
+        if self._messages:
+            RunMessage.objects.bulk_create(self._messages)
+            self._messages = []
+        if self._events:
+            RunEvent.objects.bulk_create(self._events)
+            self._events = []
+
+    def flush(self) -> None:
+        with transaction.atomic():
+            self._fence()
+            self._write_buffers()
+
+    # --- calls -------------------------------------------------------------------------------
+
+    def decision_for(self, call_id: str) -> CallDecision | None:
+        row = self.calls.get(call_id)
+        decision = getattr(row, "decision", None) if row is not None else None
+        if decision is None:
+            return None
+        return CallDecision(decision.approved, decision.note, decision.args, decision.stop)
+
+    def call_started(self, call: dict[str, Any], tool: Tool, args: dict[str, Any]) -> None:
+        row = self.calls.get(call["id"])
+        if tool.idempotent and row is None:
+            return
+        with transaction.atomic():
+            self._fence()
+            self._write_buffers()
+            if row is None:
+                row = ToolCall.objects.create(
+                    run_id=self.run.pk, tool_call_id=call["id"], name=call["name"],
+                    capability=tool.capability, args=args, digest=args_digest(args),
+                    status=CallStatus.EXECUTING, idempotent=tool.idempotent,
+                )
+                self.calls[call["id"]] = row
+            else:
+                ToolCall.objects.filter(pk=row.pk).update(status=CallStatus.EXECUTING, updated_at=timezone.now())
+        crash_point("executing")
+
+    def call_finished(self, call: dict[str, Any], tool: Tool | None, result: dict[str, Any]) -> None:
+        crash_point("before_result")
+        super().call_finished(call, tool, result)  # appends the tool message (buffered)
+        row = self.calls.get(call["id"])
+        with transaction.atomic():
+            self._fence()
+            self._write_buffers()
+            if row is not None and row.status != CallStatus.DENIED:
+                status = CallStatus.FAILED if "error" in result else CallStatus.SUCCEEDED
+                ToolCall.objects.filter(pk=row.pk).update(
+                    status=status, result=capped(result, self.event_limit), updated_at=timezone.now()
+                )
+            elif row is not None:
+                ToolCall.objects.filter(pk=row.pk).update(result=result, updated_at=timezone.now())
+
+    def call_failed(self, call: dict[str, Any], tool: Tool, exc: BaseException) -> None:
+        row = self.calls.get(call["id"])
+        if row is not None:
+            ToolCall.objects.filter(pk=row.pk).update(
+                status=CallStatus.FAILED, result={"error": str(exc)}, updated_at=timezone.now()
+            )
+
+    def suspend(self, pending: list[PendingCall]) -> None:
+        new: list[ToolCall] = []
+        with transaction.atomic():
+            self._fence()
+            self._write_buffers()
+            for p in pending:
+                if p.id in self.calls:
+                    continue
+                tool = self.agent.toolset().get(p.name)
+                new.append(
+                    ToolCall(
+                        run_id=self.run.pk, tool_call_id=p.id, name=p.name, capability=p.capability,
+                        args=p.args, digest=args_digest(p.args), status=CallStatus.PENDING_APPROVAL,
+                        idempotent=bool(tool and tool.idempotent),
+                    )
+                )
+            ToolCall.objects.bulk_create(new)
+        self.new_pending = new
+
+    # --- the end of a drive ----------------------------------------------------------------------
+
+    def close(self, status: str, **fields: Any) -> bool:
+        """Move the run from running to ``status`` (fenced), writing what is buffered."""
+        usage: dict[str, int] = {}
+        for m in self.messages:
+            if m.get("role") == "assistant":
+                add_usage(usage, m.get("usage"))
+        workspace = self.agent.workspace
+        values: dict[str, Any] = {
+            "status": status, "lease_owner": None, "lease_expires_at": None,
+            "usage": usage, "updated_at": timezone.now(), **fields,
+        }
+        if workspace.kind == "virtual":
+            values["workspace"] = workspace.spec()
+        if status in (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED):
+            values["finished_at"] = timezone.now()
+        with transaction.atomic():
+            updated = AgentRun.objects.filter(
+                pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING
+            ).update(**values)
+            if updated:
+                self._write_buffers()
+        return bool(updated)

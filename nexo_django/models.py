@@ -1,0 +1,243 @@
+"""Durable state: runs, their transcript rows, gated calls, decisions, events."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import models
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def args_digest(args: Any) -> str:
+    """sha256 of the canonical JSON of a call's arguments: what a person sees is what runs."""
+    return hashlib.sha256(canonical_json(args).encode("utf-8")).hexdigest()
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    NEEDS_ATTENTION = "needs_attention"
+
+
+TERMINAL_RUN_STATUSES = frozenset({RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED})
+ACTIVE_RUN_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
+
+
+class CallStatus(models.TextChoices):
+    PENDING_APPROVAL = "pending_approval"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXECUTING = "executing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    EXPIRED = "expired"
+
+
+class Verdict(models.TextChoices):
+    APPROVED = "approved"
+    DENIED = "denied"
+
+
+class AgentRun(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.CharField(max_length=255, help_text="Dotted path of the Agent class.")
+    prompt = models.TextField()
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    result = models.TextField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="agent_runs"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    usage = models.JSONField(default=dict, blank=True)
+    #: JSON constructor arguments that rebuild the agent in another process (cwd, model, ...).
+    options = models.JSONField(default=dict, blank=True)
+    #: The virtual sandbox's files between steps (the local sandbox lives on disk).
+    workspace = models.JSONField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=64, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    #: Bumped at every wake-up; part of the deterministic rq job id.
+    generation = models.PositiveIntegerField(default=0)
+    recoveries = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"], name="nexo_run_status_lease"),
+            models.Index(fields=["status", "updated_at"], name="nexo_run_status_updated"),
+            models.Index(fields=["agent", "created_at"], name="nexo_run_agent_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_name} run {str(self.id)[:8]} ({self.status})"
+
+    @property
+    def agent_name(self) -> str:
+        return self.agent.rsplit(".", 1)[-1]
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_RUN_STATUSES
+
+    def pending_calls(self) -> QuerySet[ToolCall]:
+        return self.tool_calls.filter(status=CallStatus.PENDING_APPROVAL).order_by("created_at", "id")
+
+    def transcript(self) -> list[dict[str, Any]]:
+        return [m.data for m in self.messages.order_by("seq")]
+
+    def resume(self, approved: bool = True, *, by: Any = None, note: str = "") -> AgentRun:
+        """Decide every pending call of the run at once (approve all, or deny all)."""
+        from .runs import decide_all
+
+        return decide_all(self, approved=approved, by=by, note=note)
+
+    def cancel(self, *, by: Any = None, reason: str = "") -> bool:
+        from .runs import cancel_run
+
+        return cancel_run(self, by=by, reason=reason)
+
+    def retry(self, *, by: Any = None) -> bool:
+        """Queue a ``needs_attention`` run again once its unknown calls were resolved."""
+        from .runs import retry_run
+
+        return retry_run(self, by=by)
+
+    def refresh(self) -> AgentRun:
+        self.refresh_from_db()
+        return self
+
+
+class RunMessage(models.Model):
+    """One transcript message; appended, never rewritten."""
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="messages")
+    seq = models.PositiveIntegerField()
+    role = models.CharField(max_length=16)
+    data = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="nexo_message_run_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.role} #{self.seq}"
+
+
+class ToolCall(models.Model):
+    """A call that needed a decision or has a side effect, with its status and result."""
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="tool_calls")
+    tool_call_id = models.CharField(max_length=128)
+    name = models.CharField(max_length=200)
+    capability = models.CharField(max_length=20)
+    args = models.JSONField(default=dict)
+    digest = models.CharField(max_length=64)
+    status = models.CharField(max_length=20, choices=CallStatus.choices)
+    idempotent = models.BooleanField(default=False)
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "tool_call_id"], name="nexo_toolcall_run_callid")
+        ]
+        indexes = [
+            models.Index(fields=["status", "created_at"], name="nexo_call_status_created"),
+            models.Index(fields=["run", "status"], name="nexo_call_run_status"),
+        ]
+        permissions = [("decide_toolcall", "Can approve or deny pending tool calls")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
+
+    def approve(
+        self, *, by: Any = None, note: str = "", args: dict[str, Any] | None = None,
+        digest: str | None = None, source: str = "api",
+    ) -> Decision:
+        from .runs import decide
+
+        return decide(self, approved=True, by=by, note=note, args=args, digest=digest, source=source)
+
+    def deny(
+        self, *, by: Any = None, note: str = "", stop: bool = False, digest: str | None = None,
+        source: str = "api",
+    ) -> Decision:
+        from .runs import decide
+
+        return decide(self, approved=False, by=by, note=note, stop=stop, digest=digest, source=source)
+
+    def resolve_unknown(self, *, by: Any = None, rerun: bool, note: str = "") -> None:
+        """A person settles an ``outcome_unknown`` call: run it again, or tell the model it may
+        or may not have happened."""
+        from .runs import resolve_unknown
+
+        resolve_unknown(self, by=by, rerun=rerun, note=note)
+
+
+class Decision(models.Model):
+    """Immutable: who decided what, when, on which digest."""
+
+    tool_call = models.OneToOneField(ToolCall, on_delete=models.CASCADE, related_name="decision")
+    verdict = models.CharField(max_length=10, choices=Verdict.choices)
+    note = models.TextField(blank=True, default="")
+    args = models.JSONField(null=True, blank=True, help_text="Edited arguments, if the approver changed them.")
+    digest = models.CharField(max_length=64, help_text="Digest of the arguments that were decided on.")
+    stop = models.BooleanField(default=False)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(auto_now_add=True)
+    source = models.CharField(max_length=20, default="api")
+
+    class Meta:
+        ordering = ["decided_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.verdict} by {self.decided_by or 'system'}"
+
+    @property
+    def approved(self) -> bool:
+        return self.verdict == Verdict.APPROVED
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None and not kwargs.get("force_insert"):
+            raise ValueError("decisions are immutable once recorded")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError("decisions are immutable and cannot be deleted")
+
+
+class RunEvent(models.Model):
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField(default=0)
+    type = models.CharField(max_length=40)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+        indexes = [models.Index(fields=["run", "id"], name="nexo_event_run_id")]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.seq}"

@@ -1,0 +1,370 @@
+"""The lifecycle of durable runs: start, execute (one loop), decide, cancel, retry.
+
+Every status change is a compare-and-set ``filter(pk=..., status=expected).update(...)`` whose row
+count is checked: a second click, a second approver or a duplicate job changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from . import dispatch
+from .conf import nexo_settings
+from .errors import (
+    AlreadyDecided,
+    ConfigurationError,
+    Denied,
+    InvalidEditedArguments,
+    LeaseLost,
+    SecurityError,
+    StaleDecision,
+    ToolArgumentError,
+    TransitionError,
+)
+from .models import (
+    AgentRun,
+    CallStatus,
+    Decision,
+    RunEvent,
+    RunMessage,
+    RunStatus,
+    ToolCall,
+    Verdict,
+    args_digest,
+)
+from .sandboxes import from_spec
+from .signals import approval_decided, approval_requested, run_status_changed
+from .tools import ToolContext
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+log = logging.getLogger("nexo_django.runs")
+
+#: Which statuses a run may move to from each status. Everything else is refused.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED}),
+    RunStatus.RUNNING: frozenset(
+        {RunStatus.SUSPENDED, RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED,
+         RunStatus.NEEDS_ATTENTION, RunStatus.QUEUED}
+    ),
+    RunStatus.SUSPENDED: frozenset({RunStatus.QUEUED, RunStatus.CANCELLED, RunStatus.FAILED}),
+    RunStatus.NEEDS_ATTENTION: frozenset({RunStatus.QUEUED, RunStatus.CANCELLED, RunStatus.FAILED}),
+    RunStatus.DONE: frozenset(),
+    RunStatus.FAILED: frozenset(),
+    RunStatus.CANCELLED: frozenset(),
+}
+
+AGENT_OPTIONS = ("cwd", "permissions", "sandbox", "model")
+
+#: Constructor arguments that are not JSON, kept for runs started in this process only.
+_LIVE_OPTIONS: dict[str, dict[str, Any]] = {}
+
+
+def transition(run: AgentRun | Any, old: str, new: str, **fields: Any) -> bool:
+    """Compare-and-set one run from ``old`` to ``new``. False when another actor moved it first."""
+    if new not in TRANSITIONS[old]:
+        raise TransitionError(f"a run cannot go from {old} to {new}")
+    run_id = run.pk if isinstance(run, AgentRun) else run
+    fields.setdefault("updated_at", timezone.now())
+    updated = AgentRun.objects.filter(pk=run_id, status=old).update(status=new, **fields)
+    if updated:
+        _status_changed(run_id, old, new)
+    return bool(updated)
+
+
+def _status_changed(run_id: Any, old: str, new: str) -> None:
+    def send() -> None:
+        run = AgentRun.objects.filter(pk=run_id).first()
+        if run is not None:
+            run_status_changed.send(sender=AgentRun, run=run, old=old, new=new)
+
+    transaction.on_commit(send)
+
+
+def _event(run_id: Any, type: str, **data: Any) -> None:
+    RunEvent.objects.create(run_id=run_id, type=type, data=data)
+
+
+def _user(user: Any) -> Any:
+    return user if user is not None and getattr(user, "is_authenticated", False) else None
+
+
+def _is_json(value: Any) -> bool:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
+    return False
+
+
+# --- starting ------------------------------------------------------------------------------------
+
+
+def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, **kwargs: Any) -> AgentRun:
+    unknown = sorted(set(kwargs) - set(AGENT_OPTIONS))
+    if unknown:
+        raise TypeError(f"{cls.__name__}.run() got unknown argument(s) {', '.join(unknown)}")
+    options: dict[str, Any] = {}
+    live: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key == "cwd" and value is not None:
+            value = os.fspath(value)
+        if _is_json(value):
+            options[key] = value
+        elif later:
+            raise ConfigurationError(
+                f"{cls.__name__}.run_later({key}={value!r}): a worker in another process rebuilds the "
+                f"agent from JSON, and this value is not JSON. Pass a mode name or a 'provider:model' "
+                f"string, or declare it on the {cls.__name__} class."
+            )
+        else:
+            live[key] = value
+    # Build the agent now so a configuration error reaches the caller before anything is stored.
+    agent = cls(**options, **live)
+    with transaction.atomic():
+        run = AgentRun.objects.create(
+            agent=cls.path(), prompt=prompt, status=RunStatus.QUEUED, created_by=_user(user),
+            options={**options, "_live": sorted(live)} if live else options, generation=1,
+            workspace=agent.workspace.spec() if agent.workspace.kind == "virtual" else None,
+        )
+        RunMessage.objects.bulk_create(
+            RunMessage(run=run, seq=i, role=m["role"], data=m) for i, m in enumerate(agent.initial_messages(prompt))
+        )
+        _event(run.pk, "created", agent=cls.path(), later=later)
+    if live:
+        _LIVE_OPTIONS[str(run.pk)] = live
+    if later:
+        dispatch.enqueue_run(run.pk, run.generation)
+    else:
+        execute_run(str(run.pk), agent=agent)
+        run.refresh_from_db()
+    return run
+
+
+def build_agent(run: AgentRun) -> Agent:
+    """Rebuild the run's agent from what the database holds."""
+    try:
+        cls = import_string(run.agent)
+    except ImportError as exc:
+        raise ConfigurationError(f"run {run.pk}: cannot import agent {run.agent!r}: {exc}") from exc
+    options = {k: v for k, v in run.options.items() if k != "_live"}
+    live = _LIVE_OPTIONS.get(str(run.pk), {})
+    missing = [k for k in run.options.get("_live", []) if k not in live]
+    if missing:
+        raise ConfigurationError(
+            f"run {run.pk} was started with non-JSON {', '.join(missing)} in another process; declare "
+            f"them on {run.agent} so any worker can rebuild the agent"
+        )
+    options.update(live)
+    if run.workspace is not None and "sandbox" not in live:
+        options["sandbox"] = from_spec(run.workspace)
+    agent: Agent = cls(**options)
+    return agent
+
+
+# --- executing -----------------------------------------------------------------------------------
+
+
+def execute_run(run_id: str, *, agent: Agent | None = None) -> str:
+    """Claim the run and drive the loop until it finishes or suspends. Safe to call twice."""
+    from .journal import DbJournal
+
+    token = uuid.uuid4().hex
+    lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
+    now = timezone.now()
+    claimed = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+        status=RunStatus.RUNNING, lease_owner=token, lease_expires_at=now + lease, updated_at=now
+    )
+    if not claimed:
+        return "skipped"
+    _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING)
+    run = AgentRun.objects.get(pk=run_id)
+    journal: DbJournal | None = None
+    try:
+        agent = agent or build_agent(run)
+        journal = DbJournal(run, token, agent)
+        outcome = agent.drive(journal)
+    except LeaseLost:
+        log.warning("run %s: lease lost; another worker or a cancel took over", run_id)
+        return "lease lost"
+    except Exception as exc:  # the run records why it failed; the worker stays healthy
+        message = f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, (SecurityError, ConfigurationError)):
+            log.exception("run %s failed", run_id)
+        if journal is not None:
+            journal.emit("failed", {"error": message})
+            journal.close(RunStatus.FAILED, error=message)
+        else:
+            AgentRun.objects.filter(pk=run_id, lease_owner=token).update(
+                status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()
+            )
+        _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
+        return "failed"
+    if outcome.kind == "done":
+        new, fields = RunStatus.DONE, {"result": outcome.content}
+    elif outcome.kind == "stopped":
+        new, fields = RunStatus.CANCELLED, {"error": "stopped by the approver"}
+    else:
+        new, fields = RunStatus.SUSPENDED, {}
+    if not journal.close(new, **fields):
+        return "lease lost"
+    _status_changed(run_id, RunStatus.RUNNING, new)
+    if new == RunStatus.SUSPENDED:
+        for call in getattr(journal, "new_pending", []):
+            transaction.on_commit(
+                lambda call=call: approval_requested.send(sender=ToolCall, tool_call=call, run=run)
+            )
+    if new != RunStatus.SUSPENDED:
+        _LIVE_OPTIONS.pop(str(run_id), None)
+    return str(new)
+
+
+# --- deciding ------------------------------------------------------------------------------------
+
+
+def _check_edited(run: AgentRun, call: ToolCall, args: Any) -> None:
+    agent = build_agent(run)
+    tool = agent.toolset().get(call.name) if call.capability != "mcp" else None
+    if call.capability == "mcp":
+        if not isinstance(args, dict):
+            raise InvalidEditedArguments("edited arguments must be a JSON object")
+        return
+    if tool is None:
+        raise InvalidEditedArguments(f"the agent has no tool {call.name!r} any more")
+    try:
+        tool.validate(args)
+        if isinstance(args.get("path"), str):
+            agent.workspace.normalize(args["path"])
+        tool.gate(args, ToolContext(sandbox=agent.workspace, permissions=agent.gate.with_decision(True)))
+    except (ToolArgumentError, Denied, SecurityError) as exc:
+        raise InvalidEditedArguments(f"edited arguments refused: {exc}") from exc
+    finally:
+        agent.close()
+
+
+def decide(
+    call: ToolCall, *, approved: bool, by: Any = None, note: str = "", args: dict[str, Any] | None = None,
+    stop: bool = False, digest: str | None = None, source: str = "api",
+) -> Decision:
+    """Record one decision, exactly once, and wake the run when it was the last pending call."""
+    if args is not None and not approved:
+        raise InvalidEditedArguments("edited arguments go with an approval, not a denial")
+    with transaction.atomic():
+        # Serialises decisions on one run (PostgreSQL); SQLite serialises writers anyway.
+        run = AgentRun.objects.select_for_update().get(pk=call.run_id)
+        current = ToolCall.objects.get(pk=call.pk)
+        if current.status != CallStatus.PENDING_APPROVAL:
+            raise AlreadyDecided(f"{current.name} call {current.tool_call_id} was already decided ({current.status})")
+        if digest is not None and digest != current.digest:
+            raise StaleDecision(
+                f"the arguments of {current.name} are not the ones you saw; reload the page and decide again"
+            )
+        if args is not None:
+            _check_edited(run, current, args)
+        verdict = Verdict.APPROVED if approved else Verdict.DENIED
+        updated = ToolCall.objects.filter(pk=call.pk, status=CallStatus.PENDING_APPROVAL).update(
+            status=CallStatus.APPROVED if approved else CallStatus.DENIED, updated_at=timezone.now()
+        )
+        if not updated:
+            raise AlreadyDecided(f"{current.name} call {current.tool_call_id} was already decided")
+        decision = Decision.objects.create(
+            tool_call=current, verdict=verdict, note=note, args=args, stop=stop and not approved,
+            digest=args_digest(args) if args is not None else current.digest,
+            decided_by=_user(by), source=source,
+        )
+        _event(run.pk, "decision", call=current.tool_call_id, verdict=str(verdict), edited=args is not None,
+               by=str(_user(by) or ""), source=source)
+        if not ToolCall.objects.filter(run_id=run.pk, status=CallStatus.PENDING_APPROVAL).exists():
+            wake(run, RunStatus.SUSPENDED)
+        transaction.on_commit(lambda: approval_decided.send(sender=ToolCall, tool_call=current, decision=decision))
+    call.status = current.status
+    return decision
+
+
+def wake(run: AgentRun, old: str) -> bool:
+    """Queue the run again and send its job at commit."""
+    generation = run.generation + 1
+    if not transition(run, old, RunStatus.QUEUED, generation=F("generation") + 1, lease_owner=None):
+        return False
+    run.generation = generation
+    dispatch.enqueue_run(run.pk, generation)
+    return True
+
+
+def decide_all(run: AgentRun, *, approved: bool, by: Any = None, note: str = "") -> AgentRun:
+    """The seed's form: approve (or deny) every pending call of the run at once."""
+    with transaction.atomic():
+        pending = list(run.pending_calls())
+        if not pending:
+            raise TransitionError(f"run {run.pk} has no pending calls (status {run.status})")
+        for call in pending:
+            decide(call, approved=approved, by=by, note=note, source="resume")
+    run.refresh_from_db()
+    return run
+
+
+def cancel_run(run: AgentRun, *, by: Any = None, reason: str = "") -> bool:
+    with transaction.atomic():
+        for old in (RunStatus.SUSPENDED, RunStatus.QUEUED, RunStatus.NEEDS_ATTENTION, RunStatus.RUNNING):
+            if transition(run, old, RunStatus.CANCELLED, lease_owner=None, finished_at=timezone.now(),
+                          error=reason or "cancelled"):
+                ToolCall.objects.filter(run_id=run.pk, status=CallStatus.PENDING_APPROVAL).update(
+                    status=CallStatus.EXPIRED, updated_at=timezone.now()
+                )
+                _event(run.pk, "cancelled", by=str(_user(by) or ""), reason=reason)
+                run.refresh_from_db()
+                return True
+    return False
+
+
+def retry_run(run: AgentRun, *, by: Any = None) -> bool:
+    with transaction.atomic():
+        unknown = ToolCall.objects.filter(run_id=run.pk, status=CallStatus.OUTCOME_UNKNOWN)
+        if unknown.exists():
+            raise TransitionError(
+                f"run {run.pk} still has a call whose outcome is unknown; resolve it first "
+                "(tool_call.resolve_unknown(rerun=...))"
+            )
+        current = AgentRun.objects.get(pk=run.pk)
+        woke = wake(current, RunStatus.NEEDS_ATTENTION)
+        if woke:
+            _event(run.pk, "retried", by=str(_user(by) or ""))
+    run.refresh_from_db()
+    return woke
+
+
+def resolve_unknown(call: ToolCall, *, by: Any = None, rerun: bool, note: str = "") -> None:
+    with transaction.atomic():
+        if rerun:
+            updated = ToolCall.objects.filter(pk=call.pk, status=CallStatus.OUTCOME_UNKNOWN).update(
+                status=CallStatus.APPROVED, updated_at=timezone.now()
+            )
+        else:
+            result = {"error": "outcome unknown: the worker stopped while this call ran, and a person "
+                      "chose not to run it again" + (f": {note}" if note else "")}
+            updated = ToolCall.objects.filter(pk=call.pk, status=CallStatus.OUTCOME_UNKNOWN).update(
+                status=CallStatus.FAILED, result=result, updated_at=timezone.now()
+            )
+            if updated:
+                seq = RunMessage.objects.filter(run_id=call.run_id).count()
+                RunMessage.objects.create(
+                    run_id=call.run_id, seq=seq, role="tool",
+                    data={"role": "tool", "tool_call_id": call.tool_call_id, "name": call.name, "content": result},
+                )
+        if not updated:
+            raise AlreadyDecided(f"{call.name} call {call.tool_call_id} is not waiting for a person")
+        _event(call.run_id, "outcome_resolved", call=call.tool_call_id, rerun=rerun, note=note,
+               by=str(_user(by) or ""))
+    call.refresh_from_db()
