@@ -1,0 +1,541 @@
+"""MCP servers as tools behind the second gate (``Permissions.authorize_mcp``).
+
+Declare servers on an agent with :class:`MCPServer`; the agent builds one :class:`MCPManager`
+per run, which opens one session per server lazily, lists the servers' tools as
+:class:`MCPTool` objects and closes every session (and every stdio child process) when the run
+ends, suspends or fails. The loop stays synchronous: the async SDK runs on one event loop in
+one thread per run (an anyio blocking portal) and nowhere else. See docs/mcp.md.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TextIO
+
+from .errors import ConfigurationError
+from .tools.base import Limits, Tool, ToolContext, ToolResult, error
+
+if TYPE_CHECKING:
+    from anyio.from_thread import BlockingPortal
+
+logger = logging.getLogger("nexo_django.mcp")
+
+#: Server names become name prefixes, so they keep to what every model provider accepts.
+SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
+#: Tool names model providers accept (OpenAI and Anthropic: letters, digits, ``_``, ``-``, <= 64).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: Between a server name and a tool name when a name must be qualified: ``time__get_current_time``.
+SEPARATOR = "__"
+#: Names no MCP tool may take unqualified, whatever the mode attaches: the contract tool names.
+BUILTIN_NAMES = frozenset({"read", "glob", "write", "shell", "fetch", "search"})
+
+_REFERENCE = re.compile(r"\$\{([^}]*)\}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MAX_LIST_PAGES = 50
+#: Resolved secrets shorter than this are not scrubbed from results: they would mangle text.
+_MIN_SECRET = 4
+#: How long close() waits for a session (and its child process) to wind down.
+_CLOSE_WAIT = 15.0
+
+
+def _check_references(owner: str, what: str, values: Mapping[str, str]) -> dict[str, str]:
+    if not isinstance(values, Mapping):
+        raise ConfigurationError(f"{owner}: {what} must be a dict of strings")
+    checked: dict[str, str] = {}
+    for key, value in values.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ConfigurationError(f"{owner}: {what} keys and values must be strings (see {key!r})")
+        for ref in _REFERENCE.findall(value):
+            target = ref.removeprefix("settings:")
+            if not _ENV_NAME.fullmatch(target):
+                raise ConfigurationError(
+                    f"{owner}: {what}[{key!r}] has a bad reference ${{{ref}}}; "
+                    "write ${ENV_VAR} or ${settings:NAME}"
+                )
+        checked[key] = value
+    return checked
+
+
+def _resolve(owner: str, what: str, key: str, template: str, secrets: set[str]) -> str:
+    """Fill ``${ENV_VAR}`` and ``${settings:NAME}`` in; each filled-in value is a secret."""
+
+    def fill(match: re.Match[str]) -> str:
+        ref = match.group(1)
+        if ref.startswith("settings:"):
+            from django.conf import settings
+
+            name = ref.removeprefix("settings:")
+            value = getattr(settings, name, None) if settings.configured else None
+            if not isinstance(value, str):
+                raise ConfigurationError(
+                    f"{owner}: {what}[{key!r}] refers to settings.{name}, which is not a string setting; define it"
+                )
+        else:
+            value = os.environ.get(ref)
+            if value is None:
+                raise ConfigurationError(
+                    f"{owner}: {what}[{key!r}] refers to the environment variable {ref}, which is not set; set it"
+                )
+        if len(value) >= _MIN_SECRET:
+            secrets.add(value)
+        return value
+
+    return _REFERENCE.sub(fill, template)
+
+
+def _safe_url(url: str) -> str:
+    # Userinfo is a credential: never shown.
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return f"{scheme}{sep}{authority}{slash}{path}"
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class MCPServer:
+    """One MCP server an agent may use. Build it with :meth:`stdio` or :meth:`http`.
+
+    ``env`` and ``headers`` values are literal strings in which ``${ENV_VAR}`` and
+    ``${settings:NAME}`` are filled in when the session opens; filled-in values are secrets:
+    they never appear in reprs, errors, logs, events or tool results.
+    """
+
+    name: str
+    transport: Literal["stdio", "http"]
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    url: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    #: Seconds one tool call may take before it returns ``{"error"}``.
+    timeout: float = 60.0
+    #: Seconds to start the server (or reach it) and list its tools.
+    connect_timeout: float = 20.0
+    #: Always qualify this server's tool names (``server__tool``), clash or not.
+    prefix: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not SERVER_NAME.fullmatch(self.name):
+            raise ConfigurationError(
+                f"MCP server name {self.name!r}: use 1-32 letters, digits, '_' or '-' (it prefixes tool names)"
+            )
+        for limit in ("timeout", "connect_timeout"):
+            value = getattr(self, limit)
+            if not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigurationError(f"MCP server {self.name!r}: {limit} must be a positive number of seconds")
+
+    @classmethod
+    def stdio(
+        cls,
+        name: str,
+        command: str,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        timeout: float = 60.0,
+        connect_timeout: float = 20.0,
+        prefix: bool = False,
+    ) -> MCPServer:
+        """A server started as a child process that speaks MCP on its stdin/stdout. It gets
+        ``env`` over a minimal environment (PATH, HOME, USER, LOGNAME, SHELL, TERM), never the
+        worker's own variables."""
+        owner = f"MCP server {name!r}"
+        if not isinstance(command, str) or not command:
+            raise ConfigurationError(f"{owner}: command must be a non-empty string, e.g. 'uvx'")
+        if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+            raise ConfigurationError(f"{owner}: args must be a list of strings, e.g. ['-m', 'mcp_server_time']")
+        return cls(
+            name,
+            "stdio",
+            command=command,
+            args=tuple(args),
+            env=_check_references(owner, "env", env or {}),
+            cwd=os.fspath(cwd) if cwd is not None else None,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            prefix=prefix,
+        )
+
+    @classmethod
+    def http(
+        cls,
+        name: str,
+        url: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        timeout: float = 60.0,
+        connect_timeout: float = 20.0,
+        prefix: bool = False,
+    ) -> MCPServer:
+        """A server reached over streamable HTTP at ``url``. Proxies from the environment are
+        not used; redirects are followed only within the URL's origin (the SDK's rule)."""
+        owner = f"MCP server {name!r}"
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigurationError(f"{owner}: url must start with http:// or https://")
+        return cls(
+            name,
+            "http",
+            url=url,
+            headers=_check_references(owner, "headers", headers or {}),
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            prefix=prefix,
+        )
+
+    def __repr__(self) -> str:
+        if self.transport == "stdio":
+            where = f"command={self.command!r}, args={list(self.args)!r}, env={dict.fromkeys(self.env, '***')!r}"
+        else:
+            where = f"url={_safe_url(self.url)!r}, headers={dict.fromkeys(self.headers, '***')!r}"
+        return f"MCPServer.{self.transport}({self.name!r}, {where})"
+
+    __str__ = __repr__
+
+
+class MCPTool(Tool):
+    """A tool of an MCP server. Its gate is ``authorize_mcp(name, args)`` with the name the model
+    sees; it runs inside its server, outside the sandbox."""
+
+    def __init__(
+        self,
+        manager: MCPManager,
+        *,
+        server: str,
+        remote_name: str,
+        name: str,
+        description: str,
+        parameters: dict[str, Any],
+        idempotent: bool,
+    ) -> None:
+        super().__init__(name, description, parameters, capability="mcp", idempotent=idempotent)
+        self.server = server
+        self.remote_name = remote_name
+        self._manager = manager
+
+    def __repr__(self) -> str:
+        return f"<MCPTool {self.name} server={self.server} tool={self.remote_name}>"
+
+    def gate(self, args: dict[str, Any], ctx: ToolContext) -> None:
+        ctx.permissions.authorize_mcp(self.name, args)
+
+    def execute(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return self._manager.call(self, args, ctx.limits)
+
+
+@dataclass
+class _Session:
+    server: MCPServer
+    secrets: set[str]
+    #: Set by the holder task once the session is open and its tools are listed.
+    listed: concurrent.futures.Future[list[Any]] = field(default_factory=concurrent.futures.Future)
+    holder: concurrent.futures.Future[None] | None = None
+    client: Any = None
+    stop: Any = None  # anyio.Event, made on the portal's loop
+    failure: str | None = None
+
+
+class MCPManager:
+    """The MCP sessions of one run: ``tools()`` opens them (once), ``close()`` ends them.
+
+    ``reserved`` names (the agent's own tools) and the built-in tool names are never given to an
+    MCP tool unqualified.
+    """
+
+    def __init__(self, servers: Iterable[MCPServer], reserved: Iterable[str] = ()) -> None:
+        self.servers: list[MCPServer] = list(servers)
+        seen: set[str] = set()
+        for server in self.servers:
+            if not isinstance(server, MCPServer):
+                raise ConfigurationError(
+                    f"mcp_servers: {server!r} is not an MCPServer; use MCPServer.stdio(...) or MCPServer.http(...)"
+                )
+            if server.name in seen:
+                raise ConfigurationError(f"mcp_servers: two servers are named {server.name!r}; names must be unique")
+            seen.add(server.name)
+        self.reserved = frozenset(reserved) | BUILTIN_NAMES
+        self._secrets: set[str] = set()
+        self._sessions: dict[str, _Session] = {}
+        self._stack = contextlib.ExitStack()
+        self._portal: BlockingPortal | None = None
+        self._tools: list[MCPTool] | None = None
+        self._stderr: TextIO = sys.stderr
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<MCPManager servers={[s.name for s in self.servers]!r} open={not self._closed}>"
+
+    # --- secrets ----------------------------------------------------------------------------
+
+    def redact(self, text: str) -> str:
+        for secret in sorted(self._secrets, key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
+
+    def _scrub(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, list):
+            return [self._scrub(v) for v in value]
+        if isinstance(value, dict):
+            return {self._scrub(k): self._scrub(v) for k, v in value.items()}
+        return value
+
+    # --- opening and listing ----------------------------------------------------------------
+
+    def tools(self) -> list[MCPTool]:
+        """Open every session (in parallel) and return the servers' tools, named by the rule in
+        docs/mcp.md. A server that cannot be reached is logged and contributes no tools."""
+        if self._tools is not None:
+            return self._tools
+        if self._closed:
+            raise RuntimeError("this MCPManager is closed; the agent makes a new one for the next run")
+        for server in self.servers:
+            self._sessions[server.name] = _Session(server, set())
+        params = {name: self._parameters(s) for name, s in self._sessions.items()}  # may raise: config
+        self._stderr = self._errlog()
+        portal = self._open_portal()
+        for name, session in self._sessions.items():
+            session.holder = portal.start_task_soon(self._hold, session, params[name], name=f"mcp:{name}")
+        listings: list[tuple[MCPServer, list[Any]]] = []
+        for session in self._sessions.values():
+            try:
+                listings.append((session.server, session.listed.result(timeout=session.server.connect_timeout + 10)))
+            except BaseException as exc:  # a server that cannot start must not stop the run
+                session.failure = self._describe(exc)
+                logger.warning("MCP server %r is unavailable, its tools are not attached: %s", session.server.name, session.failure)
+        self._tools = self._name_tools(listings)
+        return self._tools
+
+    def _open_portal(self) -> BlockingPortal:
+        if self._portal is None:
+            from anyio.from_thread import start_blocking_portal
+
+            self._portal = self._stack.enter_context(start_blocking_portal(name="nexo-mcp"))
+        return self._portal
+
+    def _parameters(self, session: _Session) -> Any:
+        server = session.server
+        owner = f"MCP server {server.name!r}"
+        if server.transport == "http":
+            headers = {k: _resolve(owner, "headers", k, v, session.secrets) for k, v in server.headers.items()}
+            self._secrets |= session.secrets
+            return headers
+        from mcp.client.stdio import StdioServerParameters
+
+        env = {k: _resolve(owner, "env", k, v, session.secrets) for k, v in server.env.items()}
+        self._secrets |= session.secrets
+        return StdioServerParameters(command=server.command, args=list(server.args), env=env, cwd=server.cwd)
+
+    def _errlog(self) -> TextIO:
+        # The child's stderr goes where ours goes; a stderr without a descriptor (captured
+        # output, some embedders) cannot be handed to a child, so it gets /dev/null.
+        try:
+            sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):
+            return self._stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115 - closed with the stack
+        return sys.stderr
+
+    @contextlib.asynccontextmanager
+    async def _connect(self, server: MCPServer, params: Any) -> AsyncIterator[Any]:
+        from mcp import Client
+
+        if server.transport == "stdio":
+            from mcp.client.stdio import stdio_client
+
+            async with Client(stdio_client(params, errlog=self._stderr)) as client:
+                yield client
+            return
+        import httpx2
+        from mcp.client.streamable_http import streamable_http_client
+
+        # trust_env=False: a proxy from the environment would see the headers (and the token).
+        timeout = httpx2.Timeout(server.connect_timeout, read=max(server.timeout, server.connect_timeout))
+        async with (
+            httpx2.AsyncClient(headers=params, timeout=timeout, trust_env=False) as http,
+            Client(streamable_http_client(server.url, http_client=http)) as client,
+        ):
+            yield client
+
+    async def _hold(self, session: _Session, params: Any) -> None:
+        """Own one session for the whole run: open it, list its tools, wait for close()."""
+        import anyio
+
+        try:
+            with anyio.fail_after(session.server.connect_timeout) as scope:
+                async with self._connect(session.server, params) as client:
+                    listed = await _list_tools(client)
+                    scope.deadline = math.inf  # connected: from here on only close() ends it
+                    session.client = client
+                    session.stop = anyio.Event()
+                    session.listed.set_result(listed)
+                    await session.stop.wait()
+        except Exception as exc:  # reported to the run, never raised in the portal
+            session.failure = self._describe(exc)
+            if not session.listed.done():
+                session.listed.set_exception(exc)
+            else:
+                logger.warning("MCP server %r closed its session: %s", session.server.name, session.failure)
+        except BaseException as exc:  # cancellation: mark the session ended, let it propagate
+            session.failure = session.failure or "the session was cancelled"
+            if not session.listed.done():
+                session.listed.set_exception(exc)
+            raise
+        finally:
+            session.client = None
+
+    def _name_tools(self, listings: list[tuple[MCPServer, list[Any]]]) -> list[MCPTool]:
+        """Bare names when unique; ``server__tool`` for every tool whose name another server
+        shares or a reserved name takes, and for every tool of a ``prefix=True`` server."""
+        counts = Counter(t.name for _, listed in listings for t in listed)
+        candidates: list[tuple[str, MCPServer, Any]] = []
+        for server, listed in listings:
+            for remote in listed:
+                if not isinstance(remote.name, str) or not TOOL_NAME.fullmatch(remote.name):
+                    logger.warning(
+                        "MCP server %r: tool %r skipped: model providers accept only letters, digits, '_' and '-'",
+                        server.name, remote.name,
+                    )
+                    continue
+                qualify = server.prefix or counts[remote.name] > 1 or remote.name in self.reserved
+                name = f"{server.name}{SEPARATOR}{remote.name}" if qualify else remote.name
+                candidates.append((name, server, remote))
+        final = Counter(name for name, _, _ in candidates)
+        tools: list[MCPTool] = []
+        for name, server, remote in candidates:
+            if final[name] > 1 or name in self.reserved or not TOOL_NAME.fullmatch(name):
+                logger.warning("MCP server %r: tool %r skipped: its name %r is taken or too long", server.name, remote.name, name)
+                continue
+            annotations = remote.annotations
+            idempotent = bool(annotations and (annotations.read_only_hint or annotations.idempotent_hint))
+            try:
+                tool = MCPTool(
+                    self,
+                    server=server.name,
+                    remote_name=remote.name,
+                    name=name,
+                    description=remote.description or remote.title or f"{remote.name} (MCP server {server.name})",
+                    parameters=dict(remote.input_schema or {"type": "object"}),
+                    idempotent=idempotent,
+                )
+            except Exception as exc:  # jsonschema.SchemaError and friends
+                logger.warning("MCP server %r: tool %r skipped: invalid input schema: %s", server.name, remote.name, str(exc).splitlines()[0])
+                continue
+            tools.append(tool)
+        return tools
+
+    # --- calling ----------------------------------------------------------------------------
+
+    def call(self, tool: MCPTool, args: dict[str, Any], limits: Limits | None = None) -> ToolResult:
+        """Run one call on the tool's server. Never raises for the server's failures: a server
+        error, a timeout or a crashed server is ``{"error": ...}``."""
+        session = self._sessions.get(tool.server)
+        if self._closed or self._portal is None or session is None:
+            return error(f"MCP tool {tool.name!r}: its session is closed")
+        if session.client is None:
+            return error(f"MCP tool {tool.name!r}: server {tool.server!r} is unavailable: {session.failure or 'not connected'}")
+        timeout = session.server.timeout
+        try:
+            result = self._portal.call(_call_tool, session.client, tool.remote_name, args, timeout)
+        except TimeoutError:
+            return error(f"MCP tool {tool.name!r} timed out after {timeout:g} s")
+        except Exception as exc:  # the run goes on
+            return error(f"MCP tool {tool.name!r} failed: {self._describe(exc)}")
+        return self._scrub(_convert(tool.name, result, limits or Limits()))
+
+    def _describe(self, exc: BaseException) -> str:
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]
+        if isinstance(exc, TimeoutError):
+            return "timed out"
+        text = str(exc) or type(exc).__name__
+        return self.redact(f"{type(exc).__name__}: {text}" if str(exc) else text)
+
+    # --- closing ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """End every session; a stdio server process is stopped and reaped before this returns."""
+        if self._closed:
+            return
+        self._closed = True
+        portal = self._portal
+        try:
+            if portal is not None:
+                for session in self._sessions.values():
+                    if session.stop is not None and session.holder is not None and not session.holder.done():
+                        with contextlib.suppress(Exception):
+                            portal.call(session.stop.set)
+                holders = [s.holder for s in self._sessions.values() if s.holder is not None]
+                _done, late = concurrent.futures.wait(holders, timeout=_CLOSE_WAIT)
+                for holder in late:
+                    holder.cancel()  # cancels the task; the SDK's stdio shutdown is shielded
+        finally:
+            self._stack.close()  # stops the portal and joins its thread
+            self._portal = None
+
+
+async def _list_tools(client: Any) -> list[Any]:
+    listed: list[Any] = []
+    cursor: str | None = None
+    for _ in range(_MAX_LIST_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        listed.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return listed
+
+
+async def _call_tool(client: Any, name: str, args: dict[str, Any], timeout: float) -> Any:
+    import anyio
+
+    with anyio.fail_after(timeout):
+        return await client.call_tool(name, args, read_timeout_seconds=timeout)
+
+
+def _block_text(block: Any) -> str:
+    kind = getattr(block, "type", None)
+    if kind == "text":
+        return str(block.text)
+    if kind in ("image", "audio"):
+        return f"[{kind} {block.mime_type}, {len(block.data)} base64 characters not shown]"
+    if kind == "resource_link":
+        return f"[resource {block.uri}]"
+    if kind == "resource":
+        text = getattr(block.resource, "text", None)
+        return str(text) if text is not None else f"[binary resource {block.resource.uri}]"
+    return f"[{kind} content not shown]"
+
+
+def _convert(name: str, result: Any, limits: Limits) -> ToolResult:
+    texts = [_block_text(b) for b in result.content]
+    if result.is_error:
+        return error(f"MCP tool {name!r} reported an error: {' '.join(texts)[: limits.result_max_chars]}")
+    budget = limits.result_max_chars
+    kept: list[str] = []
+    for text in texts:
+        if len(text) > budget:
+            kept.append(text[:budget] + f"\n[truncated: {len(text) - budget} more characters]")
+            break
+        kept.append(text)
+        budget -= len(text)
+    out: ToolResult = {"content": kept}
+    structured = result.structured_content
+    if structured is not None:
+        if len(json.dumps(structured, default=str)) <= limits.result_max_chars:
+            out["structured"] = structured
+        else:
+            out["structured_omitted"] = "larger than the result limit"
+    return out

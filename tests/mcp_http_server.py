@@ -1,0 +1,128 @@
+"""A real MCP server for tests/test_mcp.py, written with the SDK's own server side.
+
+Run as ``python tests/mcp_http_server.py --transport http`` (streamable HTTP on a loopback port
+it prints as its first stdout line; every request must carry ``Authorization: Bearer $TOKEN``
+with ``TOKEN`` from the environment variable named by ``--token-env``) or ``--transport stdio``.
+
+Its tools exercise what a harness must survive: a slow tool (timeouts), a failing tool
+(``isError`` results), a tool that kills the server mid-call, names that clash with built-in
+tools and with mcp-server-time, a dotted name, an invalid input schema, and a tool that echoes
+the request headers back (a server that reflects the caller's token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools.base import Tool
+from mcp.types import ToolAnnotations
+
+READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True)
+
+
+def _broken_schema_tool() -> Tool:
+    def broken(value: str) -> str:
+        return value
+
+    tool = Tool.from_function(broken, name="broken_schema", description="Has an invalid input schema.")
+    # "type" must be a string or a list of strings: this schema fails a JSON Schema meta-check.
+    return tool.model_copy(update={"parameters": {"type": "object", "properties": {"value": {"type": 12}}}})
+
+
+def build_server() -> MCPServer:
+    server = MCPServer("nexo-test", version="1.0", tools=[_broken_schema_tool()])
+
+    @server.tool(description="Echo the text back.")
+    def echo(text: str) -> str:
+        return text
+
+    @server.tool(description="Add two integers.", annotations=READ_ONLY)
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @server.tool(description="Sleep, then answer.")
+    async def slow(seconds: float) -> str:
+        await anyio.sleep(seconds)
+        return "woke up"
+
+    @server.tool(description="Always fails.")
+    def fail(message: str) -> str:
+        raise ToolError(message)
+
+    @server.tool(description="Kill the server process in the middle of the call.")
+    def crash() -> str:
+        os._exit(3)
+
+    @server.tool(description="Return the HTTP headers this call arrived with.")
+    def headers(ctx: Context) -> dict[str, str]:
+        return dict(ctx.headers or {})
+
+    @server.tool(description="A tool whose name clashes with the built-in read tool.")
+    def read(path: str) -> str:
+        return f"server-side read of {path}"
+
+    @server.tool(description="A tool whose name clashes with mcp-server-time's.")
+    def get_current_time(timezone: str) -> str:
+        return f"test server time in {timezone}"
+
+    @server.tool(name="dotted.name", description="A name model providers reject.")
+    def dotted() -> str:
+        return "dotted"
+
+    @server.tool(description="The process id of this server.")
+    def pid() -> int:
+        return os.getpid()
+
+    return server
+
+
+def _require_token(app: Any, token: str) -> Any:
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
+            await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"missing or wrong token"})
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
+def serve_http(token: str) -> None:
+    import uvicorn
+
+    app = _require_token(build_server().streamable_http_app(host="127.0.0.1"), token)
+    # Bind first and print the port, so the test never races for a free port.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    print(sock.getsockname()[1], flush=True)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--transport", choices=("stdio", "http"), required=True)
+    parser.add_argument("--token-env", default="MCP_TEST_TOKEN")
+    options = parser.parse_args()
+    if options.transport == "stdio":
+        build_server().run("stdio")
+        return
+    token = os.environ.get(options.token_env)
+    if not token:
+        sys.exit(f"set {options.token_env} to the token clients must send")
+    serve_http(token)
+
+
+if __name__ == "__main__":
+    main()
