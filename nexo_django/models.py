@@ -241,3 +241,12 @@ class RunEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} #{self.seq}"
+
+
+class PendingApproval(ToolCall):
+    """The approval inbox in the admin: tool calls seen as requests for a decision."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "pending approval"
+        verbose_name_plural = "pending approvals"
