@@ -125,6 +125,10 @@ class DbJournal(Journal):
         crash_point("before_result")
         super().call_finished(call, tool, result)  # appends the tool message (buffered)
         row = self.calls.get(call["id"])
+        if row is None and (tool is None or tool.idempotent):
+            # Nothing to settle: the result is written with the next flush. Should the worker die
+            # first, this idempotent call simply runs again.
+            return
         with transaction.atomic():
             self._fence()
             self._write_buffers()
@@ -149,7 +153,11 @@ class DbJournal(Journal):
             self._fence()
             self._write_buffers()
             for p in pending:
-                if p.id in self.calls:
+                row = self.calls.get(p.id)
+                if row is not None:
+                    if row.status != CallStatus.PENDING_APPROVAL:
+                        # A row with no decision behind it (e.g. reset by hand) waits for a person again.
+                        ToolCall.objects.filter(pk=row.pk).update(status=CallStatus.PENDING_APPROVAL)
                     continue
                 tool = self.agent.toolset().get(p.name)
                 new.append(

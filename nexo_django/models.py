@@ -58,7 +58,7 @@ class AgentRun(models.Model):
     agent = models.CharField(max_length=255, help_text="Dotted path of the Agent class.")
     prompt = models.TextField()
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
-    result = models.TextField(null=True, blank=True)
+    result = models.TextField(null=True, blank=True)  # noqa: DJ001 - None: no final answer yet
     error = models.TextField(blank=True, default="")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="agent_runs"
@@ -71,7 +71,7 @@ class AgentRun(models.Model):
     options = models.JSONField(default=dict, blank=True)
     #: The virtual sandbox's files between steps (the local sandbox lives on disk).
     workspace = models.JSONField(null=True, blank=True)
-    lease_owner = models.CharField(max_length=64, null=True, blank=True)
+    lease_owner = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 - None: unclaimed
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     #: Bumped at every wake-up; part of the deterministic rq job id.
     generation = models.PositiveIntegerField(default=0)
@@ -215,10 +215,6 @@ class Decision(models.Model):
     def __str__(self) -> str:
         return f"{self.verdict} by {self.decided_by or 'system'}"
 
-    @property
-    def approved(self) -> bool:
-        return self.verdict == Verdict.APPROVED
-
     def save(self, *args: Any, **kwargs: Any) -> None:
         if self.pk is not None and not kwargs.get("force_insert"):
             raise ValueError("decisions are immutable once recorded")
@@ -226,6 +222,10 @@ class Decision(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:
         raise ValueError("decisions are immutable and cannot be deleted")
+
+    @property
+    def approved(self) -> bool:
+        return self.verdict == Verdict.APPROVED
 
 
 class RunEvent(models.Model):

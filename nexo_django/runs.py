@@ -25,6 +25,8 @@ from .errors import (
     Denied,
     InvalidEditedArguments,
     LeaseLost,
+    MaxTurnsExceeded,
+    ModelError,
     SecurityError,
     StaleDecision,
     ToolArgumentError,
@@ -83,6 +85,9 @@ def transition(run: AgentRun | Any, old: str, new: str, **fields: Any) -> bool:
 
 
 def _status_changed(run_id: Any, old: str, new: str) -> None:
+    if not run_status_changed.has_listeners(AgentRun):
+        return
+
     def send() -> None:
         run = AgentRun.objects.filter(pk=run_id).first()
         if run is not None:
@@ -201,7 +206,7 @@ def execute_run(run_id: str, *, agent: Agent | None = None) -> str:
         return "lease lost"
     except Exception as exc:  # the run records why it failed; the worker stays healthy
         message = f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, (SecurityError, ConfigurationError)):
+        if not isinstance(exc, (SecurityError, ConfigurationError, MaxTurnsExceeded, ModelError)):
             log.exception("run %s failed", run_id)
         if journal is not None:
             journal.emit("failed", {"error": message})
@@ -246,7 +251,10 @@ def _check_edited(run: AgentRun, call: ToolCall, args: Any) -> None:
     try:
         tool.validate(args)
         if isinstance(args.get("path"), str):
-            agent.workspace.normalize(args["path"])
+            if tool.capability == "write":
+                agent.workspace.check_writable(args["path"])
+            else:
+                agent.workspace.normalize(args["path"])
         tool.gate(args, ToolContext(sandbox=agent.workspace, permissions=agent.gate.with_decision(True)))
     except (ToolArgumentError, Denied, SecurityError) as exc:
         raise InvalidEditedArguments(f"edited arguments refused: {exc}") from exc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nexo_django import Agent
+from nexo_django import Agent, tool
 from nexo_django.testing import ScriptedModel, reply, tool_call
 
 
@@ -44,3 +44,55 @@ class ThreeTurns(Agent):
     )
     sandbox = "virtual"
     permissions = "approve"
+
+
+def _count(name: str) -> None:
+    import os
+
+    path = os.environ.get("NEXO_TEST_COUNTER")
+    if path:
+        with open(path, "a") as f:
+            f.write(name + "\n")
+
+
+@tool(capability="shell", idempotent=False)
+def bump(label: str) -> dict:
+    """Scripted side effect: appends the label to the file named by NEXO_TEST_COUNTER."""
+    _count(label)
+    return {"bumped": label}
+
+
+@tool(capability="fetch", idempotent=True)
+def lookup(key: str) -> dict:
+    """An idempotent gated tool (counted too)."""
+    _count("lookup:" + key)
+    return {"value": key.upper()}
+
+
+class Bumper(Agent):
+    """Scripted: a gated non-idempotent bump, then an answer. Counts executions."""
+
+    model = ScriptedModel([tool_call("bump", label="one"), reply("Bumped.")])
+    permissions = "approve"
+    tools = [bump]
+
+
+class Looker(Agent):
+    """Scripted: a gated idempotent lookup, then an answer."""
+
+    model = ScriptedModel([tool_call("lookup", key="k"), reply("Looked.")])
+    permissions = "approve"
+    tools = [lookup]
+
+
+class MixedTurn(Agent):
+    """Scripted: one turn with an ungated bump-free glob, a gated bump and a gated write."""
+
+    model = ScriptedModel(
+        [
+            [tool_call("glob", pattern="*"), tool_call("bump", label="x"), tool_call("write", path="w.txt", content="W")],
+            reply("Mixed done."),
+        ]
+    )
+    permissions = "approve"
+    tools = [bump]

@@ -6,9 +6,13 @@ tries to leave the root raises :class:`~nexo_django.errors.SecurityError`.
 
 from __future__ import annotations
 
+import fnmatch
+import posixpath
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
+
+from ..errors import SecurityError
 
 #: Names never written, matched on the normalised relative path (fnmatch patterns).
 DEFAULT_PROTECTED: tuple[str, ...] = (
@@ -44,6 +48,15 @@ class Sandbox(ABC):
     kind: str = ""
     can_write: bool = True
     can_shell: bool = False
+    protected: tuple[str, ...] = DEFAULT_PROTECTED
+
+    def check_writable(self, path: str) -> str:
+        """Normalise ``path`` and refuse protected names; ``SecurityError`` otherwise."""
+        rel = self.normalize(path)
+        for pattern in self.protected:
+            if fnmatch.fnmatchcase(rel, pattern) or fnmatch.fnmatchcase(posixpath.basename(rel), pattern):
+                raise SecurityError(f"{rel!r} is a protected name ({pattern}) and is never written")
+        return rel
 
     @abstractmethod
     def normalize(self, path: str) -> str:

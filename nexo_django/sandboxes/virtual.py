@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import posixpath
 import time
 from typing import Any
 
@@ -50,11 +49,6 @@ class VirtualSandbox(Sandbox):
             raise SecurityError(f"path {path!r} names the sandbox root, not a file")
         return "/".join(parts)
 
-    def _check_protected(self, rel: str) -> None:
-        for pattern in self.protected:
-            if fnmatch.fnmatchcase(rel, pattern) or fnmatch.fnmatchcase(posixpath.basename(rel), pattern):
-                raise SecurityError(f"{rel!r} is a protected name ({pattern}) and is never written")
-
     def read(self, path: str, max_bytes: int) -> FileRead:
         rel = self.normalize(path)
         if rel not in self.files:
@@ -69,8 +63,7 @@ class VirtualSandbox(Sandbox):
         return None if data is None else _digest(data)
 
     def write(self, path: str, data: bytes, *, expected_version: str | None) -> str:
-        rel = self.normalize(path)
-        self._check_protected(rel)
+        rel = self.check_writable(path)
         if self.version(rel) != expected_version:
             raise StaleWrite(rel)
         if any(name.startswith(rel + "/") for name in self.files):

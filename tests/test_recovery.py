@@ -1,0 +1,155 @@
+"""The reconciler, from the database alone (scripted models, inline queue)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from nexo_django.errors import TransitionError
+from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
+from nexo_django.recovery import reconcile
+from tests.durable_agents import Bumper, Looker
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
+
+
+@pytest.fixture
+def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "counter.txt"
+    monkeypatch.setenv("NEXO_TEST_COUNTER", str(path))
+    return path
+
+
+def count(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def die_while_executing(run: AgentRun) -> ToolCall:
+    """Put the run where a worker killed inside the call leaves it: running, an executing call,
+    a lease that has expired. (The real SIGKILL version is in test_workers.py.)"""
+    call = run.pending_calls()[0]
+    Decision.objects.create(tool_call=call, verdict="approved", digest=call.digest)
+    ToolCall.objects.filter(pk=call.pk).update(status=CallStatus.EXECUTING)
+    AgentRun.objects.filter(pk=run.pk).update(
+        status=RunStatus.RUNNING, lease_owner="dead-worker", lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    return call
+
+
+def test_non_idempotent_call_caught_executing_becomes_outcome_unknown(counter: Path) -> None:
+    run = Bumper.run("bump")
+    call = die_while_executing(run)
+    report = reconcile()
+    assert report.needs_attention == [str(run.pk)]
+    run.refresh_from_db()
+    call.refresh_from_db()
+    assert run.status == RunStatus.NEEDS_ATTENTION
+    assert "outcome is unknown" in run.error
+    assert call.status == CallStatus.OUTCOME_UNKNOWN
+    assert count(counter) == []  # never re-run silently
+
+
+def test_outcome_unknown_rerun_after_a_person_decides(counter: Path) -> None:
+    run = Bumper.run("bump")
+    call = die_while_executing(run)
+    reconcile()
+    with pytest.raises(TransitionError):
+        run.retry()
+    call.resolve_unknown(rerun=True, note="checked: it did not run")
+    assert run.retry() is True
+    run.refresh_from_db()
+    assert run.status == RunStatus.DONE
+    assert count(counter) == ["one"]
+
+
+def test_outcome_unknown_not_rerun_tells_the_model(counter: Path) -> None:
+    run = Bumper.run("bump")
+    call = die_while_executing(run)
+    reconcile()
+    call.resolve_unknown(rerun=False, note="it did run")
+    run.retry()
+    run.refresh_from_db()
+    assert run.status == RunStatus.DONE
+    assert count(counter) == []
+    result = [m for m in run.transcript() if m["role"] == "tool"][0]["content"]
+    assert "outcome unknown" in result["error"] and "it did run" in result["error"]
+
+
+def test_idempotent_call_caught_executing_is_retried(counter: Path) -> None:
+    run = Looker.run("look")
+    die_while_executing(run)
+    report = reconcile()
+    assert report.requeued == [str(run.pk)]
+    run.refresh_from_db()
+    assert run.status == RunStatus.DONE  # the inline queue ran it again at once
+    assert run.recoveries == 1
+    assert count(counter) == ["lookup:k"]
+
+
+def test_live_lease_is_left_alone(counter: Path) -> None:
+    run = Bumper.run("bump")
+    AgentRun.objects.filter(pk=run.pk).update(
+        status=RunStatus.RUNNING, lease_owner="alive", lease_expires_at=timezone.now() + timedelta(minutes=5)
+    )
+    assert str(reconcile()) == "requeued=0 needs_attention=0 failed=0 resent=0"
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.RUNNING
+
+
+def test_a_run_that_keeps_dying_stops_retrying(settings: object) -> None:
+    run = Looker.run("look")
+    AgentRun.objects.filter(pk=run.pk).update(recoveries=3)
+    die_while_executing(run)
+    report = reconcile()
+    assert report.failed == [str(run.pk)]
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "gave up after 3 recoveries" in run.error
+
+
+def test_lost_job_of_a_queued_run_is_sent_again(counter: Path) -> None:
+    run = Bumper.run("bump")
+    run.resume(approved=True)
+    # As if the job had been lost with Redis: the run is queued in the database only.
+    run2 = Bumper.run("bump")
+    AgentRun.objects.filter(pk=run2.pk).update(status=RunStatus.QUEUED, updated_at=timezone.now() - timedelta(hours=1))
+    ToolCall.objects.filter(run=run2).delete()
+    report = reconcile()
+    assert report.resent == [str(run2.pk)]
+    assert AgentRun.objects.get(pk=run2.pk).status == RunStatus.SUSPENDED
+
+
+def test_suspended_run_with_nothing_pending_is_woken(counter: Path) -> None:
+    run = Bumper.run("bump")
+    call = run.pending_calls()[0]
+    # As if the decision committed but the wake-up was lost.
+    Decision.objects.create(tool_call=call, verdict="approved", digest=call.digest)
+    ToolCall.objects.filter(run=run).update(status=CallStatus.APPROVED)
+    report = reconcile()
+    assert report.requeued == [str(run.pk)]
+    run.refresh_from_db()
+    assert run.status == RunStatus.DONE
+    assert count(counter) == ["one"]
+
+
+def test_reconcile_command_prints_its_report(capsys: pytest.CaptureFixture[str]) -> None:
+    call_command("nexo_reconcile")
+    assert "requeued=0" in capsys.readouterr().out
+
+
+def test_late_write_of_a_dead_worker_is_fenced_off(counter: Path) -> None:
+    from nexo_django.errors import LeaseLost
+    from nexo_django.journal import DbJournal
+    from nexo_django.runs import build_agent
+
+    run = Bumper.run("bump")
+    AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, lease_owner="old-token")
+    journal = DbJournal(AgentRun.objects.get(pk=run.pk), "old-token", build_agent(run))
+    AgentRun.objects.filter(pk=run.pk).update(lease_owner="new-token")  # another worker took over
+    journal.append({"role": "user", "content": "late"})
+    with pytest.raises(LeaseLost):
+        journal.flush()
+    assert not run.messages.filter(data__content="late").exists()

@@ -1,0 +1,49 @@
+"""The write cost of a durable step does not grow with the run (scripted models)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from nexo_django.testing import ScriptedModel, reply, tool_call
+from tests.durable_agents import Bumper, ThreeTurns
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
+
+
+class LongBumper(Bumper):
+    max_turns = 100
+
+
+def queries_for_turns(turns: int, tool: str) -> int:
+    if tool == "bump":
+        script = [tool_call("bump", label=str(i)) for i in range(turns)] + [reply("ok")]
+    else:
+        script = [tool_call("glob", pattern="*") for _ in range(turns)] + [reply("ok")]
+    with CaptureQueriesContext(connection) as ctx:
+        run = LongBumper.run("go", permissions="auto", model=ScriptedModel(script))
+    assert run.status == "done", run.error
+    return len(ctx.captured_queries)
+
+
+@pytest.mark.parametrize("tool", ["bump", "glob"])
+def test_scripted_queries_per_turn_are_flat(tool: str) -> None:
+    short = queries_for_turns(5, tool)
+    long = queries_for_turns(25, tool)
+    per_turn = (long - short) / 20
+    # The same number of queries for every extra turn, and the same again for the next 20.
+    assert queries_for_turns(45, tool) - long == long - short
+    assert per_turn <= (15 if tool == "bump" else 6)
+
+
+def test_scripted_three_turn_run_query_budget() -> None:
+    """A three-turn approve run: start+suspend, then approve+resume+finish."""
+    with CaptureQueriesContext(connection) as start:
+        run = ThreeTurns.run("three")
+    with CaptureQueriesContext(connection) as resume:
+        run.resume(approved=True)
+    run.refresh_from_db()
+    assert run.status == "done"
+    assert len(start.captured_queries) <= 40
+    assert len(resume.captured_queries) <= 60
