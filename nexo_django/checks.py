@@ -1,3 +1,105 @@
 """System checks: stable ids, and a hint that names the fix."""
 
 from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.utils.module_loading import import_string
+
+from .conf import DEFAULTS, nexo_settings
+from .errors import ConfigurationError
+from .llm import PROVIDERS
+
+POSITIVE_INTS = ("LEASE_SECONDS", "MAX_RECOVERIES", "JOB_TIMEOUT", "EVENT_MAX_CHARS")
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    nexo_settings.reset()
+    try:
+        nexo_settings.QUEUE  # noqa: B018 - loading validates the dict
+    except ConfigurationError as exc:
+        return [Error(str(exc), hint="Fix or remove the key in settings.NEXO.", id="nexo_django.E001")]
+    errors: list[CheckMessage] = []
+    if "django_rq" not in settings.INSTALLED_APPS:
+        errors.append(Error(
+            "nexo_django needs django_rq in INSTALLED_APPS to run durable jobs.",
+            hint='Add "django_rq" to INSTALLED_APPS (before or after "nexo_django").',
+            id="nexo_django.E002",
+        ))
+    queues = getattr(settings, "RQ_QUEUES", None) or {}
+    queue = nexo_settings.QUEUE
+    if queue not in queues:
+        errors.append(Error(
+            f'NEXO["QUEUE"] is {queue!r}, which is not a key of RQ_QUEUES.',
+            hint=f'Add RQ_QUEUES = {{{queue!r}: {{"ASYNC": False}}}} for an inline queue with no Redis, '
+            f'or {{{queue!r}: {{"URL": "redis://..."}}}} for workers.',
+            id="nexo_django.E003",
+        ))
+    errors.extend(_check_model())
+    errors.extend(_check_values())
+    return errors
+
+
+def _check_model() -> list[CheckMessage]:
+    model = nexo_settings.MODEL or os.environ.get("NEXO_MODEL")
+    if model is None:
+        return [Warning(
+            "No default model: every agent must declare its own `model`.",
+            hint='Set NEXO["MODEL"] = "openai:gpt-4.1-mini" (or the NEXO_MODEL environment variable), '
+            "or declare `model` on each Agent class.",
+            id="nexo_django.W001",
+        )]
+    if not isinstance(model, str):
+        return []  # a model object: nothing to parse
+    provider, sep, name = model.partition(":")
+    if not sep or not name or provider not in PROVIDERS:
+        return [Error(
+            f"The default model {model!r} is not 'provider:model' with a known provider.",
+            hint=f"Use one of {', '.join(PROVIDERS)}, e.g. 'openai:gpt-4.1-mini' or 'anthropic:claude-sonnet-4-5'.",
+            id="nexo_django.E004",
+        )]
+    return []
+
+
+def _check_values() -> list[CheckMessage]:
+    from .tools import Limits
+
+    errors: list[CheckMessage] = []
+    try:
+        Limits.from_mapping(nexo_settings.LIMITS)
+    except (TypeError, ValueError) as exc:
+        errors.append(Error(f'NEXO["LIMITS"] is invalid: {exc}', hint="See docs/settings.md for the limits.",
+                            id="nexo_django.E005"))
+    for key in POSITIVE_INTS:
+        value = getattr(nexo_settings, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            errors.append(Error(f'NEXO["{key}"] must be a positive whole number, not {value!r}.',
+                                hint=f"The default is {DEFAULTS[key]}.", id="nexo_django.E006"))
+    backend = nexo_settings.SEARCH_BACKEND
+    if backend is not None:
+        try:
+            found = import_string(backend) if isinstance(backend, str) else backend
+        except ImportError as exc:
+            found = None
+            errors.append(Error(f'NEXO["SEARCH_BACKEND"] {backend!r} cannot be imported: {exc}',
+                                hint="Give the dotted path of a callable(query, limit).", id="nexo_django.E007"))
+        if found is not None and not callable(found):
+            errors.append(Error(f'NEXO["SEARCH_BACKEND"] {backend!r} is not callable.',
+                                hint="Give the dotted path of a callable(query, limit).", id="nexo_django.E007"))
+    providers = nexo_settings.PROVIDERS
+    if not isinstance(providers, dict) or any(
+        p not in PROVIDERS or not isinstance(v, dict) for p, v in providers.items()
+    ):
+        errors.append(Error(f'NEXO["PROVIDERS"] must map provider names ({", ".join(PROVIDERS)}) to dicts of options.',
+                            hint='For example {"openai": {"base_url": "http://127.0.0.1:11434/v1"}}.',
+                            id="nexo_django.E008"))
+    names = nexo_settings.PROTECTED_NAMES
+    if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
+        errors.append(Error('NEXO["PROTECTED_NAMES"] must be a list of glob patterns (strings) or None.',
+                            hint='For example [".git/hooks/*", ".git/config", ".bashrc"].', id="nexo_django.E009"))
+    return errors

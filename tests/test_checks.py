@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import pytest
+from django.core.checks import Error, Warning
+from django.core.management import call_command
+from django.test import override_settings
+
+from nexo_django.checks import check_settings
+from nexo_django.conf import nexo_settings
+from nexo_django.errors import ConfigurationError
+
+
+def ids(messages: list) -> list[str]:
+    return [m.id for m in messages]
+
+
+@pytest.fixture(autouse=True)
+def no_env_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NEXO_MODEL", raising=False)
+
+
+@override_settings(NEXO={"MODEL": "openai:gpt-4.1-mini"})
+def test_valid_settings_pass() -> None:
+    assert check_settings() == []
+
+
+@override_settings(NEXO={"MODLE": "openai:x"})
+def test_unknown_key_is_e001_naming_the_key() -> None:
+    [message] = check_settings()
+    assert message.id == "nexo_django.E001" and isinstance(message, Error)
+    assert "MODLE" in message.msg
+
+
+@override_settings(NEXO=["not", "a", "dict"])
+def test_nexo_must_be_a_dict() -> None:
+    assert ids(check_settings()) == ["nexo_django.E001"]
+
+
+def test_django_rq_missing_is_e002(settings: object) -> None:
+    from django.conf import settings as s
+
+    with override_settings(INSTALLED_APPS=[a for a in s.INSTALLED_APPS if a != "django_rq"],
+                           NEXO={"MODEL": "openai:x"}):
+        assert "nexo_django.E002" in ids(check_settings())
+
+
+@override_settings(NEXO={"MODEL": "openai:x", "QUEUE": "agents"})
+def test_unknown_queue_is_e003_with_a_hint() -> None:
+    [message] = check_settings()
+    assert message.id == "nexo_django.E003"
+    assert "agents" in message.hint and "ASYNC" in message.hint
+
+
+@override_settings(NEXO={})
+def test_no_default_model_is_a_warning() -> None:
+    [message] = check_settings()
+    assert message.id == "nexo_django.W001" and isinstance(message, Warning)
+
+
+@override_settings(NEXO={})
+def test_env_model_satisfies_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEXO_MODEL", "anthropic:claude-sonnet-4-5")
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize("model", ["gpt-4", "mistral:large", "openai:"])
+def test_bad_model_string_is_e004(model: str) -> None:
+    with override_settings(NEXO={"MODEL": model}):
+        assert ids(check_settings()) == ["nexo_django.E004"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"LIMITS": {"read_max_byte": 1}}, "nexo_django.E005"),
+        ({"LEASE_SECONDS": 0}, "nexo_django.E006"),
+        ({"JOB_TIMEOUT": "long"}, "nexo_django.E006"),
+        ({"SEARCH_BACKEND": "no.such.module.search"}, "nexo_django.E007"),
+        ({"SEARCH_BACKEND": "nexo_django.conf.DEFAULTS"}, "nexo_django.E007"),
+        ({"PROVIDERS": {"openia": {}}}, "nexo_django.E008"),
+        ({"PROTECTED_NAMES": ".git/config"}, "nexo_django.E009"),
+    ],
+)
+def test_bad_values_have_their_own_ids(extra: dict, expected: str) -> None:
+    with override_settings(NEXO={"MODEL": "openai:x", **extra}):
+        assert ids(check_settings()) == [expected]
+
+
+@pytest.mark.django_db
+def test_call_command_check_runs_the_checks() -> None:
+    with override_settings(NEXO={"QUEUE": "nope", "MODEL": "openai:x"}):
+        from django.core.management.base import SystemCheckError
+
+        with pytest.raises(SystemCheckError, match="nexo_django.E003"):
+            call_command("check")
+    with override_settings(NEXO={"MODEL": "openai:x"}):
+        call_command("check")  # raises SystemCheckError on any error
+
+
+def test_settings_are_read_lazily_and_reset_on_change() -> None:
+    with override_settings(NEXO={"QUEUE": "a"}):
+        assert nexo_settings.QUEUE == "a"
+    with override_settings(NEXO={"QUEUE": "b"}):
+        assert nexo_settings.QUEUE == "b"
+    assert nexo_settings.QUEUE == "default"
+
+
+def test_unknown_key_raises_a_configuration_error_on_use() -> None:
+    with override_settings(NEXO={"QUEUEE": "a"}), pytest.raises(ConfigurationError, match="QUEUEE"):
+        nexo_settings.QUEUE  # noqa: B018
