@@ -328,11 +328,11 @@ class Agent:
                 result = error(f"{call['name']} denied by the approver{note}")
                 stop = stop or decision.stop
             else:
-                args = decision.args if decision is not None and decision.args is not None else call.get("args")
+                proposed = decision.args if decision is not None and decision.args is not None else call.get("args")
                 gate = self.gate.with_decision(decision.verdict()) if decision is not None else self.gate
                 ctx = dataclasses.replace(base, permissions=gate)
                 try:
-                    args = tool.validate(args)
+                    args = tool.validate(proposed)
                     tool.gate(args, ctx)
                 except (ToolArgumentError, Denied) as exc:
                     result = error(str(exc))
