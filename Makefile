@@ -29,9 +29,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# The whole suite on SQLite, then the durable tests again on a PostgreSQL the script starts.
 pytest: $(STAMP)
 	$(PY) -m django makemigrations --check --dry-run --settings=tests.settings nexo_django
 	$(PY) -m pytest $(PYTEST_ARGS)
+	WITH_POSTGRES_PYTHON=$(PY) scripts/with-postgres $(PY) -m pytest -m durable $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 

@@ -1,8 +1,21 @@
-"""Minimal settings for the test suite: SQLite (or DATABASE_URL) and an inline queue."""
+"""Minimal settings for the test suite: SQLite (or DATABASE_URL) and an inline queue.
+
+Environment (see docs/testing.md):
+- DATABASE_URL: postgres://user:password@host:port/name (or sqlite:///path) instead of SQLite.
+- NEXO_TEST_SQLITE: the file pytest-django creates the SQLite test database in (default: a
+  per-process file in the temp dir, so rq worker subprocesses can open it; ":memory:" for none).
+- REDIS_URL: the "default" queue uses that Redis; unset, it runs jobs inline with no Redis.
+- Set by the rq_worker fixture for its subprocesses: NEXO_TEST_DB_NAME (the test database
+  itself), NEXO_TEST_RQ_QUEUES and NEXO_TEST_NEXO_SETTINGS (JSON of the test's settings).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
@@ -47,17 +60,77 @@ TEMPLATES = [
     }
 ]
 
-DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": os.environ.get("NEXO_TEST_SQLITE", ":memory:"),
-    }
+
+def parse_database_url(url: str) -> dict[str, Any]:
+    """A ``DATABASES`` entry from ``postgres://user:password@host:port/name?option=value``
+    (``postgresql://`` too) or ``sqlite:///relative/path`` / ``sqlite:////absolute/path``."""
+    parts = urlsplit(url)
+    if parts.scheme in ("postgres", "postgresql"):
+        name = unquote(parts.path.lstrip("/"))
+        if not name:
+            raise ValueError(f"DATABASE_URL {url!r} names no database: add /NAME after host:port")
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+            "OPTIONS": dict(parse_qsl(parts.query)),
+        }
+    if parts.scheme == "sqlite":
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parts.path[1:]) or ":memory:"}
+    raise ValueError(
+        f"DATABASE_URL scheme {parts.scheme!r} is not supported; use "
+        "postgres://user:password@host:port/name or sqlite:///path"
+    )
+
+
+# Worker subprocesses and the test process share one SQLite file: WAL lets readers and a
+# writer overlap, IMMEDIATE takes the write lock when a transaction begins (a deferred one
+# that reads and then writes can fail with "database is locked" without waiting), and the
+# timeout makes a busy writer wait instead of failing.
+SQLITE_OPTIONS: dict[str, Any] = {
+    "timeout": 20,
+    "transaction_mode": "IMMEDIATE",
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
 }
+
+
+def _database() -> dict[str, Any]:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        database = parse_database_url(url)
+    else:
+        test_file = os.environ.get("NEXO_TEST_SQLITE") or os.path.join(
+            tempfile.gettempdir(), f"nexo-tests-{os.getpid()}.sqlite3"
+        )
+        database = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:", "TEST": {"NAME": test_file}}
+    if database["ENGINE"].endswith("sqlite3"):
+        database["OPTIONS"] = {**SQLITE_OPTIONS, **database.get("OPTIONS", {})}
+    worker_database = os.environ.get("NEXO_TEST_DB_NAME")
+    if worker_database:
+        # An rq worker started by the tests: use the test database pytest-django created.
+        database["NAME"] = worker_database
+    return database
+
+
+DATABASES = {"default": _database()}
 
 STATIC_URL = "/static/"
 
-RQ_QUEUES = {
-    "default": {"ASYNC": False},
+REDIS_URL = os.environ.get("REDIS_URL")
+
+# DESIGN.md §6: an "ASYNC": False queue runs jobs inline at commit and needs no Redis at all.
+RQ_QUEUES: dict[str, dict[str, Any]] = {
+    "default": {"URL": REDIS_URL} if REDIS_URL else {"ASYNC": False},
 }
 
 NEXO: dict[str, object] = {}
+
+# An rq worker started by the rq_worker fixture runs with the settings of the test that
+# started it (queues, NEXO overrides such as a short lease).
+if os.environ.get("NEXO_TEST_RQ_QUEUES"):
+    RQ_QUEUES = json.loads(os.environ["NEXO_TEST_RQ_QUEUES"])
+if os.environ.get("NEXO_TEST_NEXO_SETTINGS"):
+    NEXO = json.loads(os.environ["NEXO_TEST_NEXO_SETTINGS"])

@@ -1,0 +1,188 @@
+"""Fixtures that start real servers: redis-server, rq worker subprocesses, PostgreSQL.
+
+A missing server fails the test with the apt package to install; it never skips.
+PostgreSQL as the Django database comes from scripts/with-postgres (DATABASE_URL); the
+``postgres_server`` fixture is a separate throwaway cluster for tests of the server itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from tests.servers import PostgresServer, RedisServer, RQWorkers, ServerUnavailable
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEST_QUEUE = "nexo_test"
+
+_WORKERS = pytest.StashKey[list[RQWorkers]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    # A failing worker test shows what its workers logged, next to the captured output.
+    if report.failed:
+        for workers in item.stash.get(_WORKERS, []):
+            report.sections.append(("rq worker logs", workers.logs()))
+    return report
+
+
+def _start(server: PostgresServer | RedisServer) -> None:
+    try:
+        server.start()
+    except ServerUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One redis-server for the session, on a free loopback port."""
+    server = RedisServer()
+    _start(server)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One throwaway PostgreSQL cluster for the session (not the Django test database)."""
+    server = PostgresServer()
+    _start(server)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass(frozen=True)
+class RedisQueue:
+    name: str
+    url: str
+    server: RedisServer
+
+    def connection(self) -> Any:
+        """A new redis.Redis client for this server; use it in a ``with`` block."""
+        return self.server.client()
+
+
+@pytest.fixture
+def redis_queue_settings(redis_server: RedisServer, settings: Any) -> RedisQueue:
+    """Point NEXO["QUEUE"] at a real queue ("nexo_test") on the session Redis, emptied first.
+
+    django-rq 4.2 builds its Redis connection from settings on every get_queue() call, so
+    the override needs no cache reset; pytest-django's ``settings`` restores both at teardown.
+    """
+    if not redis_server.running:
+        redis_server.restart()  # a test may have stopped it
+    redis_server.flushall()
+    settings.RQ_QUEUES = {**settings.RQ_QUEUES, TEST_QUEUE: {"URL": redis_server.url}}
+    settings.NEXO = {**settings.NEXO, "QUEUE": TEST_QUEUE}
+    return RedisQueue(name=TEST_QUEUE, url=redis_server.url, server=redis_server)
+
+
+class StartWorkers(Protocol):
+    def __call__(
+        self, count: int = 1, *, queues: list[str] | None = None, worker_class: str = "rq.worker.Worker"
+    ) -> RQWorkers: ...
+
+
+@pytest.fixture
+def rq_worker(
+    request: pytest.FixtureRequest, redis_queue_settings: RedisQueue, tmp_path: Path
+) -> Iterator[StartWorkers]:
+    """A function that starts real ``manage.py rqworker`` subprocesses and waits until they
+    are registered in Redis; all of them are stopped at teardown, pass or fail.
+
+    Call it inside the test, after any settings override: the workers get the test's
+    RQ_QUEUES and NEXO settings and open the same test database (so the test needs
+    ``@pytest.mark.django_db(transaction=True)`` for its rows to be visible to them).
+    """
+    started: list[RQWorkers] = []
+    request.node.stash[_WORKERS] = started
+
+    def start(
+        count: int = 1, *, queues: list[str] | None = None, worker_class: str = "rq.worker.Worker"
+    ) -> RQWorkers:
+        workers = RQWorkers(
+            queues=queues or [redis_queue_settings.name],
+            redis_url=redis_queue_settings.url,
+            env=_worker_env(request, redis_queue_settings),
+            log_dir=tmp_path,
+            count=count,
+            worker_class=worker_class,
+            cwd=REPO_ROOT,
+        )
+        started.append(workers)
+        return workers.start()
+
+    try:
+        yield start
+    finally:
+        for workers in started:
+            workers.stop()
+
+
+def _worker_env(request: pytest.FixtureRequest, queue: RedisQueue) -> dict[str, str]:
+    from django.conf import settings
+
+    pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "tests.settings"),
+        "PYTHONPATH": pythonpath,
+        "PYTHONUNBUFFERED": "1",
+        "REDIS_URL": queue.url,
+        "NEXO_TEST_RQ_QUEUES": _as_json("RQ_QUEUES", settings.RQ_QUEUES),
+        "NEXO_TEST_NEXO_SETTINGS": _as_json("NEXO", settings.NEXO),
+    }
+    env.pop("NEXO_TEST_DB_NAME", None)
+    database = _test_database_name(request)
+    if database is not None:
+        env["NEXO_TEST_DB_NAME"] = database
+    return env
+
+
+def _test_database_name(request: pytest.FixtureRequest) -> str | None:
+    marker = request.node.get_closest_marker("django_db")
+    transactional = "transactional_db" in request.fixturenames or (
+        marker is not None and bool(marker.kwargs.get("transaction"))
+    )
+    if not transactional:
+        if marker is not None or "db" in request.fixturenames:
+            pytest.fail(
+                "rq_worker: the worker cannot see rows of a test that runs in a rolled-back "
+                "transaction. Fix: @pytest.mark.django_db(transaction=True).",
+                pytrace=False,
+            )
+        return None  # no database in this test: the workers get none either
+    from django.db import connection
+
+    name = str(connection.settings_dict["NAME"])
+    if connection.vendor == "sqlite" and (name == ":memory:" or "mode=memory" in name):
+        pytest.fail(
+            "rq_worker: the SQLite test database is in memory, which another process cannot "
+            "open. Fix: unset NEXO_TEST_SQLITE (the default is a file in the temp dir).",
+            pytrace=False,
+        )
+    return name
+
+
+def _as_json(setting: str, value: object) -> str:
+    try:
+        return json.dumps(value)
+    except TypeError as exc:
+        pytest.fail(
+            f"rq_worker passes settings.{setting} to its workers as JSON, and it holds a value "
+            f"JSON cannot carry ({exc}). Fix: use a dotted path string instead of the object.",
+            pytrace=False,
+        )
+
