@@ -238,7 +238,8 @@ class Agent:
         if self._mcp_tools is None:
             from .mcp import MCPManager
 
-            self._mcp = MCPManager(type(self).mcp_servers, reserved={t.name for t in self.builtin_tools()})
+            own = {t.name for t in self.builtin_tools()} | {getattr(t, "name", "") for t in type(self).tools}
+            self._mcp = MCPManager(type(self).mcp_servers, reserved=own)
             self._mcp_tools = [t for t in self._mcp.tools() if self._mcp_attachable(t)]
         return self._mcp_tools
 
