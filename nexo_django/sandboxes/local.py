@@ -13,7 +13,6 @@ import errno
 import fnmatch
 import hashlib
 import os
-import posixpath
 import secrets
 import selectors
 import shutil
@@ -109,11 +108,6 @@ class LocalSandbox(Sandbox):
             if len(part) > MAX_NAME_CHARS or len(encoded) > MAX_NAME_CHARS:
                 raise SecurityError(f"a name in {path!r} is longer than {MAX_NAME_CHARS} bytes")
         return "/".join(parts)
-
-    def _check_protected(self, rel: str) -> None:
-        for pattern in self.protected:
-            if fnmatch.fnmatchcase(rel, pattern) or fnmatch.fnmatchcase(posixpath.basename(rel), pattern):
-                raise SecurityError(f"{rel!r} is a protected name ({pattern}) and is never written")
 
     # --- descriptors ---------------------------------------------------------------------------
 
@@ -238,8 +232,7 @@ class LocalSandbox(Sandbox):
         return _version(st)
 
     def write(self, path: str, data: bytes, *, expected_version: str | None) -> str:
-        rel = self.normalize(path)
-        self._check_protected(rel)
+        rel = self.check_writable(path)  # protected names, from the base class
         with self._parent(rel, create=True) as (parent, name):
             try:
                 st: os.stat_result | None = self._lstat(parent, name, rel)
