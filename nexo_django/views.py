@@ -1,0 +1,190 @@
+"""Optional pages for durable runs: a list, a run's page that refreshes itself, a JSON status.
+
+Mount them with ``path("runs/", include("nexo_django.urls"))``. Every view shows only the runs
+:func:`visible_runs` lets the user see (others answer 404); override ``get_queryset`` on a
+subclass to narrow that further. The templates (``nexo_django/run_list.html``,
+``nexo_django/run_detail.html``, both extending ``nexo_django/base.html``) are overridable from a
+project's own templates folder.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib.auth.mixins import LoginRequiredMixin
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.urls import NoReverseMatch, reverse
+from django.utils.decorators import method_decorator
+from django.views import View
+from django.views.decorators.cache import never_cache
+from django.views.generic import DetailView, ListView
+
+from .models import ACTIVE_RUN_STATUSES, AgentRun, ToolCall
+
+#: Permissions that let a user see every run, not only the runs they started.
+SEE_ALL_PERMISSIONS = ("nexo_django.view_agentrun", "nexo_django.decide_toolcall")
+
+#: Admin pages a pending call links to, first that exists wins: the approval inbox, then the
+#: plain ToolCall admin.
+INBOX_URL_NAMES = ("admin:nexo_django_pendingapproval_change", "admin:nexo_django_toolcall_change")
+
+
+def visible_runs(user: Any) -> QuerySet[AgentRun]:
+    """The runs ``user`` may see: their own, or all of them with a permission in
+    :data:`SEE_ALL_PERMISSIONS`. Anonymous users see none."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return AgentRun.objects.none()
+    if any(user.has_perm(p) for p in SEE_ALL_PERMISSIONS):
+        return AgentRun.objects.all()
+    return AgentRun.objects.filter(created_by=user)
+
+
+def inbox_url(call: ToolCall) -> str | None:
+    """Where a person decides ``call`` in the admin, or None when no admin page is mounted."""
+    for name in INBOX_URL_NAMES:
+        try:
+            return reverse(name, args=[call.pk])
+        except NoReverseMatch:
+            continue
+    return None
+
+
+# Invisible and bidirectional characters are shown as ⟨U+XXXX⟩, never rendered: text from a
+# model must not hide or reorder what a person reads.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
+
+
+def visible(text: str) -> str:
+    out = []
+    for char in text:
+        category = unicodedata.category(char)
+        if char in "\n\t" or (category not in _HIDDEN_CATEGORIES and (category != "Zs" or char == " ")):
+            out.append(char)
+        else:
+            out.append(f"⟨U+{ord(char):04X}⟩")
+    return "".join(out)
+
+
+def pretty(value: Any) -> str:
+    if isinstance(value, str):
+        return visible(value)
+    return visible(json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str))
+
+
+@dataclass
+class TranscriptEntry:
+    role: str
+    text: str = ""
+    calls: list[dict[str, str]] = field(default_factory=list)
+    is_error: bool = False
+
+
+def transcript_entries(messages: list[dict[str, Any]]) -> list[TranscriptEntry]:
+    """The transcript, made safe to show: every text run through :func:`visible`."""
+    entries = []
+    for message in messages:
+        role = str(message.get("role", ""))
+        content = message.get("content")
+        if role == "tool":
+            entry = TranscriptEntry(
+                role=f"tool {message.get('name', '')}".strip(),
+                text=pretty(content),
+                is_error=isinstance(content, dict) and "error" in content,
+            )
+        else:
+            entry = TranscriptEntry(role=role, text=pretty(content) if content is not None else "")
+        for call in message.get("tool_calls") or ():
+            entry.calls.append({"id": str(call.get("id", "")), "name": visible(str(call.get("name", ""))),
+                                "args": pretty(call.get("args") or {})})
+        entries.append(entry)
+    return entries
+
+
+def run_status(run: AgentRun) -> dict[str, Any]:
+    """What the JSON status endpoint answers; ``version`` changes whenever the page would."""
+    pending = list(run.pending_calls())
+    messages = run.messages.count()
+    return {
+        "id": str(run.pk),
+        "agent": run.agent_name,
+        "status": run.status,
+        "status_label": run.get_status_display(),
+        "active": run.status in ACTIVE_RUN_STATUSES,
+        "terminal": run.is_terminal,
+        "result": run.result,
+        "error": run.error,
+        "messages": messages,
+        "pending": [
+            {"id": c.pk, "tool_call_id": c.tool_call_id, "name": c.name, "capability": c.capability,
+             "inbox_url": inbox_url(c)}
+            for c in pending
+        ],
+        "updated_at": run.updated_at.isoformat(),
+        "version": f"{run.status}:{messages}:{len(pending)}:{run.updated_at.isoformat()}",
+    }
+
+
+class VisibleRunsMixin:
+    request: HttpRequest
+
+    def get_queryset(self) -> QuerySet[AgentRun]:
+        return visible_runs(self.request.user)
+
+
+class RunListView(LoginRequiredMixin, VisibleRunsMixin, ListView):
+    template_name = "nexo_django/run_list.html"
+    context_object_name = "runs"
+    paginate_by = 25
+
+    def get_queryset(self) -> QuerySet[AgentRun]:
+        return super().get_queryset().select_related("created_by").order_by("-created_at")
+
+
+@method_decorator(never_cache, name="dispatch")
+class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
+    """The run's status, transcript and pending calls (each linked to the admin inbox)."""
+
+    template_name = "nexo_django/run_detail.html"
+    context_object_name = "run"
+
+    def get_inbox_url(self, call: ToolCall) -> str | None:
+        return inbox_url(call)
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        context = super().get_context_data(**kwargs)
+        run: AgentRun = self.object
+        status = run_status(run)
+        context["status"] = status
+        context["result"] = visible(run.result or "")
+        context["error"] = visible(run.error or "")
+        context["transcript"] = transcript_entries(run.transcript())
+        context["pending"] = [
+            {"call": c, "args": pretty(c.args), "inbox_url": self.get_inbox_url(c)} for c in run.pending_calls()
+        ]
+        # The page polls the status while the run can still change, faster while it works.
+        context["poll"] = {
+            "url": reverse("nexo_django:run_status", args=[run.pk]),
+            "version": status["version"],
+            "interval_ms": 1000 if status["active"] else 3000,
+        } if not run.is_terminal else None
+        return context
+
+
+@method_decorator(never_cache, name="dispatch")
+class RunStatusView(View):
+    """JSON for the run's page to poll. A run the user may not see is a 404, as if absent."""
+
+    def get_queryset(self) -> QuerySet[AgentRun]:
+        return visible_runs(self.request.user)
+
+    def get(self, request: HttpRequest, pk: Any) -> JsonResponse:
+        try:
+            run = get_object_or_404(self.get_queryset(), pk=pk)
+        except Http404:
+            return JsonResponse({"error": "no such run"}, status=404)
+        return JsonResponse(run_status(run))
