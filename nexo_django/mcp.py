@@ -313,7 +313,7 @@ class MCPManager:
         for session in self._sessions.values():
             try:
                 listings.append((session.server, session.listed.result(timeout=session.server.connect_timeout + 10)))
-            except BaseException as exc:  # a server that cannot start must not stop the run
+            except Exception as exc:  # a server that cannot start must not stop the run
                 session.failure = self._describe(exc)
                 logger.warning("MCP server %r is unavailable, its tools are not attached: %s", session.server.name, session.failure)
         self._tools = self._name_tools(listings)
@@ -388,10 +388,10 @@ class MCPManager:
                 session.listed.set_exception(exc)
             else:
                 logger.warning("MCP server %r closed its session: %s", session.server.name, session.failure)
-        except BaseException as exc:  # cancellation: mark the session ended, let it propagate
+        except BaseException:  # cancellation: mark the session ended, let it propagate
             session.failure = session.failure or "the session was cancelled"
             if not session.listed.done():
-                session.listed.set_exception(exc)
+                session.listed.set_exception(RuntimeError(session.failure))
             raise
         finally:
             session.client = None
