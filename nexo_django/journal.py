@@ -28,9 +28,17 @@ if TYPE_CHECKING:
 
 def crash_point(name: str) -> None:
     """Test hook: ``NEXO_TEST_CRASH_AT=<name>`` kills this worker with SIGKILL right here, so crash
-    tests can stop a real worker at a chosen point. Unset in production: a dict lookup."""
-    if os.environ.get("NEXO_TEST_CRASH_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+    tests can stop a real worker at a chosen point; with ``NEXO_TEST_CRASH_ONCE=<file>`` only the
+    first time (the file marks it). Unset in production: one dict lookup."""
+    if os.environ.get("NEXO_TEST_CRASH_AT") != name:
+        return
+    once = os.environ.get("NEXO_TEST_CRASH_ONCE")
+    if once:
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def capped(value: Any, limit: int) -> Any:
@@ -104,6 +112,7 @@ class DbJournal(Journal):
         return CallDecision(decision.approved, decision.note, decision.args, decision.stop)
 
     def call_started(self, call: dict[str, Any], tool: Tool, args: dict[str, Any]) -> None:
+        crash_point("before_tool")
         row = self.calls.get(call["id"])
         if tool.idempotent and row is None:
             return

@@ -1,0 +1,94 @@
+"""Many approvers at once: one decision, one resume, one execution (scripted models).
+
+Runs on SQLite here and again on PostgreSQL in the suite's PostgreSQL pass.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import OperationalError, connections
+
+from nexo_django.errors import AlreadyDecided
+from nexo_django.models import AgentRun, Decision, RunEvent, RunStatus, ToolCall
+from tests.durable_agents import Bumper, ParallelScribe
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
+
+APPROVERS = 8
+
+
+@pytest.fixture
+def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "counter.txt"
+    monkeypatch.setenv("NEXO_TEST_COUNTER", str(path))
+    return path
+
+
+def race(n: int, action: Any) -> list[str]:
+    """Run ``action(i)`` in n threads released together; return what each got."""
+    barrier = threading.Barrier(n)
+    outcomes: list[str] = [""] * n
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            action(i)
+            outcomes[i] = "ok"
+        except AlreadyDecided:
+            outcomes[i] = "already decided"
+        except OperationalError as exc:  # SQLite: a writer that waited past its timeout
+            outcomes[i] = f"busy: {exc}"
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    return outcomes
+
+
+def test_scripted_concurrent_approvers_make_one_decision_and_one_execution(counter: Path) -> None:
+    run = Bumper.run("bump")
+    call_pk = run.pending_calls()[0].pk
+    outcomes = race(APPROVERS, lambda i: ToolCall.objects.get(pk=call_pk).approve(note=f"approver {i}"))
+    assert outcomes.count("ok") == 1, outcomes
+    assert all(o in ("ok", "already decided") for o in outcomes), outcomes
+    assert Decision.objects.filter(tool_call_id=call_pk).count() == 1
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.DONE
+    assert counter.read_text().split() == ["one"]
+    # one wake-up: the run went queued -> running once after the decision
+    assert RunEvent.objects.filter(run=run, type="decision").count() == 1
+    assert AgentRun.objects.get(pk=run.pk).generation == 2
+
+
+def test_scripted_concurrent_approve_and_deny_one_wins(counter: Path) -> None:
+    run = Bumper.run("bump")
+    call_pk = run.pending_calls()[0].pk
+
+    def act(i: int) -> None:
+        call = ToolCall.objects.get(pk=call_pk)
+        (call.approve if i % 2 else call.deny)(note=str(i))
+
+    outcomes = race(APPROVERS, act)
+    assert outcomes.count("ok") == 1, outcomes
+    decision = Decision.objects.get(tool_call_id=call_pk)
+    assert counter.exists() == decision.approved
+
+
+def test_scripted_two_last_calls_decided_at_once_wake_the_run_exactly_once(tmp_path: Path) -> None:
+    run = ParallelScribe.run("two writes", cwd=tmp_path)
+    pks = [c.pk for c in run.pending_calls()]
+    outcomes = race(2, lambda i: ToolCall.objects.get(pk=pks[i]).approve())
+    assert outcomes == ["ok", "ok"], outcomes
+    fresh = AgentRun.objects.get(pk=run.pk)
+    assert fresh.status == RunStatus.DONE
+    assert fresh.generation == 2  # exactly one wake-up
+    assert (tmp_path / "a.txt").read_text() == "A" and (tmp_path / "b.txt").read_text() == "B"
+

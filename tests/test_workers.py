@@ -1,0 +1,191 @@
+"""Durable runs through real rqworker processes and a real Redis (scripted models).
+
+The test process plays the person in "another process": it decides; the workers run.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
+from nexo_django.recovery import reconcile
+from tests.durable_agents import Bumper, Scribe
+from tests.servers import wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable, pytest.mark.redis]
+
+WAIT = 30.0
+
+
+def wait_status(run: AgentRun, *statuses: str, timeout: float = WAIT) -> AgentRun:
+    def reached() -> AgentRun | None:
+        fresh = AgentRun.objects.get(pk=run.pk)
+        return fresh if fresh.status in statuses else None
+
+    try:
+        return wait_until(reached, timeout=timeout, what=f"run {run.pk} to reach {statuses}")
+    except TimeoutError:
+        fresh = AgentRun.objects.get(pk=run.pk)
+        raise AssertionError(f"run is {fresh.status} ({fresh.error!r}), expected {statuses}") from None
+
+
+@pytest.fixture
+def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "counter.txt"
+    monkeypatch.setenv("NEXO_TEST_COUNTER", str(path))
+    return path
+
+
+def count(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def test_seed_example_worker_suspends_and_resume_in_another_process_finishes(
+    rq_worker: Any, tmp_path: Path
+) -> None:
+    workers = rq_worker(1)
+    run = Scribe.run_later("Write 'hi' to notes.txt", cwd=tmp_path)
+    assert run.status == RunStatus.QUEUED
+    run = wait_status(run, RunStatus.SUSPENDED)
+    assert [c.name for c in run.pending_calls()] == ["write"]
+    assert not (tmp_path / "notes.txt").exists()
+    run.resume(approved=True)  # here, in the test process; the worker continues the run
+    run = wait_status(run, RunStatus.DONE)
+    assert (tmp_path / "notes.txt").read_text() == "hi"
+    assert run.result == "Done."
+    assert workers.alive() == [True]
+
+
+def test_seed_example_denied_finishes_done_without_the_file(rq_worker: Any, tmp_path: Path) -> None:
+    rq_worker(1)
+    run = wait_status(Scribe.run_later("Write 'hi'", cwd=tmp_path), RunStatus.SUSPENDED)
+    run.resume(approved=False)
+    wait_status(run, RunStatus.DONE)
+    assert not (tmp_path / "notes.txt").exists()
+
+
+def expire_lease(run: AgentRun) -> None:
+    AgentRun.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def crash_in_worker(rq_worker: Any, monkeypatch: pytest.MonkeyPatch, point: str, once: Path | None = None) -> Any:
+    monkeypatch.setenv("NEXO_TEST_CRASH_AT", point)
+    if once is not None:
+        monkeypatch.setenv("NEXO_TEST_CRASH_ONCE", str(once))
+    return rq_worker(1)
+
+
+def test_killed_during_a_non_idempotent_call_is_outcome_unknown_never_rerun(
+    rq_worker: Any, monkeypatch: pytest.MonkeyPatch, counter: Path
+) -> None:
+    crash_in_worker(rq_worker, monkeypatch, "before_result")  # after the side effect, before its result
+    run = wait_status(Bumper.run_later("bump"), RunStatus.SUSPENDED)
+    run.resume(approved=True)
+    wait_until(lambda: ToolCall.objects.filter(run=run, status=CallStatus.EXECUTING).exists(), timeout=WAIT,
+               what="the call to be executing")
+    wait_until(lambda: count(counter) == ["one"], timeout=WAIT, what="the side effect")
+    time.sleep(0.5)  # the work horse is dead by now; its lease still says running
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.RUNNING
+    expire_lease(run)
+    report = reconcile()
+    assert report.needs_attention == [str(run.pk)]
+    run.refresh_from_db()
+    call = ToolCall.objects.get(run=run)
+    assert (run.status, call.status) == (RunStatus.NEEDS_ATTENTION, CallStatus.OUTCOME_UNKNOWN)
+    reconcile()
+    time.sleep(0.5)
+    assert count(counter) == ["one"]  # the side effect happened once and was not repeated
+    assert Decision.objects.filter(tool_call__run=run).count() == 1
+
+
+def test_killed_after_marking_executing_is_outcome_unknown_too(
+    rq_worker: Any, monkeypatch: pytest.MonkeyPatch, counter: Path
+) -> None:
+    crash_in_worker(rq_worker, monkeypatch, "executing")
+    run = wait_status(Bumper.run_later("bump"), RunStatus.SUSPENDED)
+    run.resume(approved=True)
+    wait_until(lambda: ToolCall.objects.filter(run=run, status=CallStatus.EXECUTING).exists(), timeout=WAIT,
+               what="the call to be executing")
+    time.sleep(0.5)
+    expire_lease(run)
+    reconcile()
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.NEEDS_ATTENTION
+    assert count(counter) == []
+
+
+def test_killed_before_a_tool_is_recovered_and_finishes_once(
+    rq_worker: Any, monkeypatch: pytest.MonkeyPatch, counter: Path, tmp_path: Path
+) -> None:
+    crash_in_worker(rq_worker, monkeypatch, "before_tool", once=tmp_path / "crashed-once")
+    run = wait_status(Bumper.run_later("bump"), RunStatus.SUSPENDED)
+    run.resume(approved=True)
+    wait_until(lambda: (tmp_path / "crashed-once").exists(), timeout=WAIT, what="the crash")
+    time.sleep(0.5)
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.RUNNING
+    expire_lease(run)
+    report = reconcile()
+    assert report.requeued == [str(run.pk)]
+    run = wait_status(run, RunStatus.DONE)
+    assert run.recoveries == 1
+    assert count(counter) == ["one"]
+
+
+def test_a_run_whose_worker_keeps_dying_gives_up_with_the_reason(
+    rq_worker: Any, monkeypatch: pytest.MonkeyPatch, counter: Path, settings: Any
+) -> None:
+    settings.NEXO = {**settings.NEXO, "MAX_RECOVERIES": 2}
+    crash_in_worker(rq_worker, monkeypatch, "before_tool")  # every time
+    run = wait_status(Bumper.run_later("bump"), RunStatus.SUSPENDED)
+    run.resume(approved=True)
+    for _ in range(3):
+        wait_until(lambda: AgentRun.objects.get(pk=run.pk).lease_owner is not None, timeout=WAIT,
+                   what="a worker to claim the run")
+        time.sleep(0.5)
+        expire_lease(run)
+        reconcile()
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "gave up after 2 recoveries" in run.error
+    assert count(counter) == []
+
+
+def test_jobs_lost_with_redis_are_brought_back_from_the_database(
+    rq_worker: Any, redis_queue_settings: Any, counter: Path
+) -> None:
+    runs = [Bumper.run_later(f"bump {i}") for i in range(3)]
+    # No worker yet: the jobs sit in Redis. Then Redis loses everything.
+    redis_queue_settings.server.flushall()
+    rq_worker(1)
+    time.sleep(0.5)
+    assert {AgentRun.objects.get(pk=r.pk).status for r in runs} == {RunStatus.QUEUED}
+    report = reconcile(stale_after=0)
+    assert sorted(report.resent) == sorted(str(r.pk) for r in runs)
+    for run in runs:
+        wait_status(run, RunStatus.SUSPENDED)
+    # Suspended runs survive a Redis restart untouched: they live in the database.
+    redis_queue_settings.server.restart()
+    for run in runs:
+        AgentRun.objects.get(pk=run.pk).resume(approved=True)
+    for run in runs:
+        wait_status(run, RunStatus.DONE)
+    assert sorted(count(counter)) == ["one", "one", "one"]
+
+
+def test_duplicate_jobs_for_one_run_execute_once(rq_worker: Any, counter: Path) -> None:
+    from nexo_django import dispatch
+
+    rq_worker(2)
+    run = wait_status(Bumper.run_later("bump"), RunStatus.SUSPENDED)
+    run.resume(approved=True)
+    run.refresh_from_db()
+    for _ in range(3):  # a replayed or duplicated wake-up
+        dispatch.send(str(run.pk), run.generation + 10)
+    wait_status(run, RunStatus.DONE)
+    time.sleep(0.5)
+    assert count(counter) == ["one"]
