@@ -1,0 +1,371 @@
+"""The Django admin for agents: the approval inbox, runs, and the decision log.
+
+Decisions go through :func:`nexo_django.runs.decide` only; nothing here runs a tool. A project
+narrows what a person sees by overriding the ``get_<thing>()`` hooks on a subclass and registering
+it instead (``admin.site.unregister(PendingApproval); admin.site.register(PendingApproval, Mine)``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin
+from django.contrib.admin.filters import AllValuesFieldListFilter
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.decorators import method_decorator
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.timesince import timesince
+from django.views.decorators.clickjacking import xframe_options_deny
+
+from . import admin_views, runs
+from .admin_forms import DecisionForm
+from .display import preview, reveal
+from .models import AgentRun, CallStatus, Decision, PendingApproval, RunEvent, RunMessage, ToolCall
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin
+
+DECIDE_PERMISSION = "nexo_django.decide_toolcall"
+
+
+# --- filters ---------------------------------------------------------------------------------------
+
+
+class AgentFilter(admin.SimpleListFilter):
+    title = "agent"
+    parameter_name = "agent"
+    field = "run__agent"
+
+    def lookups(self, request: HttpRequest, model_admin: ModelAdmin[Any]) -> list[tuple[str, str]]:
+        paths = model_admin.get_queryset(request).order_by().values_list(self.field, flat=True).distinct()
+        return sorted(((p, p.rsplit(".", 1)[-1]) for p in paths), key=lambda item: item[1])
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(**{self.field: value}) if value else queryset
+
+
+class RunAgentFilter(AgentFilter):
+    field = "agent"
+
+
+class AgeFilter(admin.SimpleListFilter):
+    title = "age"
+    parameter_name = "age"
+    SPANS = {
+        "new": ("less than an hour old", timedelta(hours=1)),
+        "1h": ("older than an hour", timedelta(hours=1)),
+        "1d": ("older than a day", timedelta(days=1)),
+        "7d": ("older than a week", timedelta(days=7)),
+    }
+
+    def lookups(self, request: HttpRequest, model_admin: ModelAdmin[Any]) -> list[tuple[str, str]]:
+        return [(key, label) for key, (label, _) in self.SPANS.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value not in self.SPANS:
+            return queryset
+        cutoff = timezone.now() - self.SPANS[value][1]
+        return queryset.filter(created_at__gte=cutoff) if value == "new" else queryset.filter(created_at__lt=cutoff)
+
+
+class ToolFilter(AllValuesFieldListFilter):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.title = "tool"
+
+
+# --- shared pieces ---------------------------------------------------------------------------------
+
+
+class TranscriptHooks:
+    """Hooks both admins use to show a run."""
+
+    admin_site: admin.AdminSite
+    #: Messages shown before "show all"; the page loads only these rows.
+    transcript_limit = 20
+    events_limit = 50
+
+    def has_decide_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Whether the user may decide calls (and settle, cancel or retry runs). Checked in
+        every view that changes anything, not only by the admin site."""
+        return bool(request.user.has_perm(DECIDE_PERMISSION))
+
+    def get_transcript(self, request: HttpRequest, run: AgentRun) -> QuerySet[RunMessage]:
+        """The messages of ``run`` a person may read, in order."""
+        return RunMessage.objects.filter(run=run).order_by("seq")
+
+    def get_events(self, request: HttpRequest, run: AgentRun) -> QuerySet[RunEvent]:
+        return RunEvent.objects.filter(run=run).order_by("id")
+
+    def run_url(self, run_id: Any) -> str:
+        return reverse(f"{self.admin_site.name}:nexo_django_agentrun_change", args=[run_id])
+
+    def call_url(self, call_id: Any) -> str:
+        return reverse(f"{self.admin_site.name}:nexo_django_pendingapproval_change", args=[call_id])
+
+    def run_link(self, run_id: Any, label: str | None = None) -> SafeString:
+        return format_html('<a href="{}">{}</a>', self.run_url(run_id), label or str(run_id)[:8])
+
+
+def _started_by(run: AgentRun) -> str:
+    return str(run.created_by) if run.created_by_id else "—"
+
+
+# --- the approval inbox ----------------------------------------------------------------------------
+
+
+@admin.register(PendingApproval)
+class PendingApprovalAdmin(TranscriptHooks, admin.ModelAdmin):
+    list_display = ("requested", "agent", "run_column", "tool", "capability", "arguments", "age", "started_by")
+    list_display_links = ("requested", "tool")
+    list_filter = (AgentFilter, ("name", ToolFilter), "capability", AgeFilter)
+    search_fields = ("run__id", "name")
+    search_help_text = "Search by run id or tool name."
+    ordering = ("created_at", "id")
+    list_select_related = ("run", "run__created_by")
+    list_per_page = 50
+    actions = ["approve_selected", "deny_selected"]
+    decision_template = "admin/nexo_django/pendingapproval/decision.html"
+    review_template = "admin/nexo_django/pendingapproval/review_edit.html"
+    bulk_deny_template = "admin/nexo_django/pendingapproval/bulk_deny.html"
+
+    # Hooks -----------------------------------------------------------------------------------
+
+    def get_inbox_queryset(self, request: HttpRequest) -> QuerySet[PendingApproval]:
+        """The calls waiting for this user. Override to narrow, e.g. to the agents a user owns."""
+        return PendingApproval.objects.filter(status=CallStatus.PENDING_APPROVAL)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[PendingApproval]:
+        return self.get_inbox_queryset(request).select_related(*self.list_select_related).order_by(*self.ordering)
+
+    def get_decision_form(
+        self, request: HttpRequest, call: ToolCall, data: Any = None, initial: dict[str, Any] | None = None
+    ) -> DecisionForm:
+        return DecisionForm(data, initial=initial, call=call, check_edited=self.check_edited_args)
+
+    def check_edited_args(self, call: ToolCall, args: dict[str, Any]) -> None:
+        """Validate edited arguments against the tool's schema and the gate, before the review
+        page. ``runs.decide`` checks them again when the decision is recorded."""
+        runs._check_edited(call.run, call, args)
+
+    def get_other_pending(self, request: HttpRequest, call: ToolCall) -> QuerySet[PendingApproval]:
+        return self.get_inbox_queryset(request).filter(run_id=call.run_id).exclude(pk=call.pk).order_by("created_at", "id")
+
+    # Permissions: nothing here is added, edited or deleted; deciding is its own permission.
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user = request.user
+        return (
+            self.has_decide_permission(request, obj)
+            or user.has_perm("nexo_django.view_pendingapproval")
+            or user.has_perm("nexo_django.view_toolcall")
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    # Columns (model text escaped, hidden characters shown) ---------------------------------------
+
+    @admin.display(description="requested", ordering="created_at")
+    def requested(self, obj: ToolCall) -> Any:
+        return obj.created_at
+
+    @admin.display(description="agent", ordering="run__agent")
+    def agent(self, obj: ToolCall) -> str:
+        return obj.run.agent_name
+
+    @admin.display(description="run")
+    def run_column(self, obj: ToolCall) -> SafeString:
+        return self.run_link(obj.run_id)
+
+    @admin.display(description="tool", ordering="name")
+    def tool(self, obj: ToolCall) -> SafeString:
+        return reveal(obj.name)
+
+    @admin.display(description="arguments")
+    def arguments(self, obj: ToolCall) -> SafeString:
+        # The hidden digest makes bulk approval "what you saw is what you approve", as on the
+        # decision page: the changelist rows sit inside the action form.
+        return format_html(
+            '<span class="nexo-preview">{}</span><input type="hidden" name="digest_{}" value="{}">',
+            preview(obj.args), obj.pk, obj.digest,
+        )
+
+    @admin.display(description="age")
+    def age(self, obj: ToolCall) -> str:
+        return timesince(obj.created_at)
+
+    @admin.display(description="started by", ordering="run__created_by")
+    def started_by(self, obj: ToolCall) -> str:
+        return _started_by(obj.run)
+
+    # Views -----------------------------------------------------------------------------------
+
+    @method_decorator(xframe_options_deny)
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        admin_views.refuse_post_without_permission(self, request)
+        response = super().changelist_view(request, extra_context)
+        context = getattr(response, "context_data", None) or {}
+        cl = context.get("cl")
+        if cl is not None:
+            total = cl.full_result_count if cl.full_result_count is not None else cl.result_count
+            context["title"] = f"Pending approvals ({total} waiting)"
+            context["can_decide"] = self.has_decide_permission(request)
+        return response
+
+    @method_decorator(xframe_options_deny)
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return admin_views.decision_view(self, request, object_id)
+
+    # Bulk actions ----------------------------------------------------------------------------
+
+    @admin.action(description="Approve selected calls", permissions=["decide"])
+    def approve_selected(self, request: HttpRequest, queryset: QuerySet[PendingApproval]) -> HttpResponse | None:
+        return admin_views.bulk_decide(self, request, queryset, approved=True)
+
+    @admin.action(description="Deny selected calls (with one note)", permissions=["decide"])
+    def deny_selected(self, request: HttpRequest, queryset: QuerySet[PendingApproval]) -> HttpResponse | None:
+        return admin_views.bulk_deny(self, request, queryset)
+
+
+# --- runs ------------------------------------------------------------------------------------------
+
+
+@admin.register(AgentRun)
+class AgentRunAdmin(TranscriptHooks, admin.ModelAdmin):
+    list_display = ("short_id", "agent_name", "status", "pending", "started_by", "created_at", "age", "finished_at")
+    list_filter = ("status", RunAgentFilter, ("created_by", admin.RelatedOnlyFieldListFilter), AgeFilter)
+    search_fields = ("id", "agent")
+    search_help_text = "Search by run id or agent path."
+    list_select_related = ("created_by",)
+    date_hierarchy = None
+    actions = ["cancel_selected"]
+    detail_template = "admin/nexo_django/agentrun/detail.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AgentRun]:
+        pending = Count("tool_calls", filter=Q(tool_calls__status=CallStatus.PENDING_APPROVAL))
+        return super().get_queryset(request).annotate(pending_count=pending)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_decide_permission(request, obj) or super().has_view_permission(request, obj)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Deleting a run would delete its decisions with it: the audit trail stays.
+        return False
+
+    @admin.display(description="run", ordering="created_at")
+    def short_id(self, obj: AgentRun) -> str:
+        return str(obj.pk)[:8]
+
+    @admin.display(description="agent", ordering="agent")
+    def agent_name(self, obj: AgentRun) -> str:
+        return obj.agent_name
+
+    @admin.display(description="pending", ordering="pending_count")
+    def pending(self, obj: AgentRun) -> int:
+        return int(getattr(obj, "pending_count", 0))
+
+    @admin.display(description="started by", ordering="created_by")
+    def started_by(self, obj: AgentRun) -> str:
+        return _started_by(obj)
+
+    @admin.display(description="age")
+    def age(self, obj: AgentRun) -> str:
+        return timesince(obj.created_at)
+
+    @method_decorator(xframe_options_deny)
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        admin_views.refuse_post_without_permission(self, request)
+        return super().changelist_view(request, extra_context)
+
+    @method_decorator(xframe_options_deny)
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return admin_views.run_detail_view(self, request, object_id)
+
+    @admin.action(description="Cancel selected runs", permissions=["decide"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[AgentRun]) -> None:
+        admin_views.bulk_cancel(self, request, queryset)
+
+
+# --- the decision log ------------------------------------------------------------------------------
+
+
+@admin.register(Decision)
+class DecisionAdmin(TranscriptHooks, admin.ModelAdmin):
+    """Read-only audit log: who decided what, when, on which digest."""
+
+    list_display = ("decided_at", "verdict", "tool", "run_column", "decided_by", "source", "edited", "stop", "note_preview")
+    list_display_links = None
+    list_filter = ("verdict", "source", "stop", ("decided_by", admin.RelatedOnlyFieldListFilter))
+    search_fields = ("tool_call__run__id", "tool_call__name")
+    list_select_related = ("tool_call", "decided_by")
+    ordering = ("-decided_at", "-id")
+    actions = None
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_decide_permission(request, obj) or super().has_view_permission(request, obj)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="tool")
+    def tool(self, obj: Decision) -> SafeString:
+        return format_html("{} <small>{}</small>", reveal(obj.tool_call.name), reveal(obj.tool_call.tool_call_id))
+
+    @admin.display(description="run")
+    def run_column(self, obj: Decision) -> SafeString:
+        return self.run_link(obj.tool_call.run_id)
+
+    @admin.display(description="edited", boolean=True)
+    def edited(self, obj: Decision) -> bool:
+        return obj.args is not None
+
+    @admin.display(description="note")
+    def note_preview(self, obj: Decision) -> SafeString:
+        return reveal(obj.note[:80] + ("…" if len(obj.note) > 80 else ""), keep="")
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # A decision is shown with its run: the call, its arguments and what came of it.
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        decision = self.get_object(request, object_id)
+        if decision is None:
+            raise Http404("No such decision.")
+        return HttpResponseRedirect(self.run_url(decision.tool_call.run_id))
+
+    @method_decorator(xframe_options_deny)
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        admin_views.refuse_post_without_permission(self, request)
+        return super().changelist_view(request, extra_context)

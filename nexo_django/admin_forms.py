@@ -1,0 +1,95 @@
+"""Forms of the approval pages. They parse and check; deciding is ``runs.decide``'s job."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from django import forms
+
+from .errors import InvalidEditedArguments
+from .models import ToolCall, args_digest
+
+APPROVE = "approve"
+DENY = "deny"
+DENY_STOP = "deny_stop"
+REVIEW_EDIT = "review_edit"
+APPROVE_EDITED = "approve_edited"
+BACK = "back"
+
+ACTION_CHOICES = [
+    (APPROVE, "Approve"),
+    (DENY, "Deny"),
+    (DENY_STOP, "Deny and stop the run"),
+    (REVIEW_EDIT, "Review edited arguments"),
+    (APPROVE_EDITED, "Approve with edited arguments"),
+    (BACK, "Back to editing"),
+]
+EDIT_ACTIONS = frozenset({REVIEW_EDIT, APPROVE_EDITED})
+
+NOTE_MAX_CHARS = 2000
+EDITED_MAX_CHARS = 200_000
+
+EditedArgsCheck = Callable[[ToolCall, dict[str, Any]], None]
+
+
+class DecisionForm(forms.Form):
+    """One decision on one call. ``digest`` is the digest of the arguments the page showed."""
+
+    action = forms.ChoiceField(choices=ACTION_CHOICES)
+    digest = forms.CharField(min_length=64, max_length=64, widget=forms.HiddenInput)
+    note = forms.CharField(
+        required=False, max_length=NOTE_MAX_CHARS, label="Note",
+        help_text="Sent to the model with a denial, and kept with the decision.",
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 80}),
+    )
+    edited_args = forms.CharField(
+        required=False, max_length=EDITED_MAX_CHARS, label="Edited arguments (JSON)", strip=False,
+        widget=forms.Textarea(attrs={"rows": 10, "cols": 80, "spellcheck": "false", "class": "nexo-json"}),
+    )
+    #: Digest of the edited arguments shown on the review page; what is confirmed is what was shown.
+    edited_digest = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, call: ToolCall, check_edited: EditedArgsCheck, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.call = call
+        self.check_edited = check_edited
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        action = data.get("action")
+        if action not in EDIT_ACTIONS or "edited_args" in self.errors:
+            return data
+        text = data.get("edited_args") or ""
+        if not text.strip():
+            self.add_error("edited_args", "Write the arguments to approve, as a JSON object.")
+            return data
+        try:
+            edited = json.loads(text)
+        except ValueError as exc:
+            self.add_error("edited_args", f"This is not valid JSON: {exc}")
+            return data
+        if not isinstance(edited, dict):
+            self.add_error("edited_args", "The arguments must be a JSON object ({...}).")
+            return data
+        if args_digest(edited) == self.call.digest:
+            self.add_error("edited_args", "These are the stored arguments, unchanged: use Approve instead.")
+            return data
+        if action == APPROVE_EDITED and data.get("edited_digest") != args_digest(edited):
+            self.add_error("edited_args", "The edited arguments changed after you reviewed them; review them again.")
+            return data
+        try:
+            self.check_edited(self.call, edited)
+        except InvalidEditedArguments as exc:
+            self.add_error("edited_args", str(exc))
+            return data
+        data["args"] = edited
+        return data
+
+
+class BulkDenyForm(forms.Form):
+    note = forms.CharField(
+        required=False, max_length=NOTE_MAX_CHARS, label="Note for the model",
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+    )

@@ -1,0 +1,407 @@
+"""The views behind the admin classes: decide one call, decide many, look after a run.
+
+Every view that changes something checks ``has_decide_permission`` itself (``admin_view`` checks
+only ``is_staff``), takes a POST only (CSRF-protected by the admin site), and changes state through
+:mod:`nexo_django.runs` alone. With an inline queue the run continues at commit, inside this
+request; otherwise a worker picks it up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.timesince import timesince
+
+from . import runs
+from .admin_forms import APPROVE, APPROVE_EDITED, BACK, DENY_STOP, REVIEW_EDIT, BulkDenyForm
+from .display import (
+    count_hidden,
+    json_diff,
+    json_for_editor,
+    long_strings,
+    message_view,
+    pretty_json,
+    preview,
+    reveal,
+    reveal_json,
+)
+from .errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
+from .models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
+
+if TYPE_CHECKING:
+    from .admin import AgentRunAdmin, PendingApprovalAdmin, TranscriptHooks
+
+STATUS_WORDS = {
+    RunStatus.QUEUED: "is queued: a worker will continue it",
+    RunStatus.RUNNING: "is running",
+    RunStatus.SUSPENDED: "waits for another decision",
+    RunStatus.DONE: "is done",
+    RunStatus.FAILED: "failed",
+    RunStatus.CANCELLED: "was cancelled",
+    RunStatus.NEEDS_ATTENTION: "needs attention",
+}
+
+
+def refuse_post_without_permission(model_admin: TranscriptHooks, request: HttpRequest) -> None:
+    """Read-only users get the pages but no POST at all: an action they cannot see is refused
+    with 403 rather than quietly ignored."""
+    if request.method == "POST" and not model_admin.has_decide_permission(request):
+        raise PermissionDenied
+
+
+def _changelist_url(model_admin: Any) -> str:
+    opts = model_admin.model._meta
+    return reverse(f"{model_admin.admin_site.name}:{opts.app_label}_{opts.model_name}_changelist")
+
+
+def where_it_went(model_admin: TranscriptHooks, run_ids: list[Any]) -> SafeString:
+    """ "Run 1a2b3c4d is done." for each run, linked to the run's page."""
+    found = AgentRun.objects.filter(pk__in=run_ids).only("id", "status", "agent")
+    return format_html_join(
+        " ", "{} run {} {}.",
+        ((run.agent_name, model_admin.run_link(run.pk), STATUS_WORDS.get(run.status, run.status)) for run in found),
+    )
+
+
+def _base_context(model_admin: Any, request: HttpRequest, title: str, obj: Any = None) -> dict[str, Any]:
+    opts = model_admin.model._meta
+    return {
+        **model_admin.admin_site.each_context(request),
+        "title": title,
+        "opts": opts,
+        "app_label": opts.app_label,
+        "original": obj,
+        "has_view_permission": True,
+        "can_decide": model_admin.has_decide_permission(request, obj),
+    }
+
+
+def transcript_context(model_admin: TranscriptHooks, request: HttpRequest, run: AgentRun) -> dict[str, Any]:
+    show_all = request.GET.get("transcript") == "all"
+    messages_qs = model_admin.get_transcript(request, run)
+    total = messages_qs.count()
+    rows = list(messages_qs) if show_all else list(reversed(messages_qs.reverse()[: model_admin.transcript_limit]))
+    return {
+        "transcript": [{"seq": m.seq, **message_view(m.data)} for m in rows],
+        "transcript_total": total,
+        "transcript_hidden": total - len(rows),
+    }
+
+
+# --- one call ------------------------------------------------------------------------------------
+
+
+def _find_call(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> ToolCall | None:
+    try:
+        return model_admin.get_queryset(request).filter(pk=object_id).first()
+    except (ValueError, ValidationError):
+        return None
+
+
+def decision_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    if request.method not in ("GET", "HEAD", "POST"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD, POST"})
+    if request.method == "POST" and not model_admin.has_decide_permission(request):
+        raise PermissionDenied
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    call = _find_call(model_admin, request, object_id)
+    if call is None:
+        messages.warning(request, "That call is no longer waiting for a decision (it was decided, or its run ended).")
+        return HttpResponseRedirect(_changelist_url(model_admin))
+    form = None
+    if request.method == "POST":
+        if not model_admin.has_decide_permission(request, call):
+            raise PermissionDenied
+        form = model_admin.get_decision_form(request, call, data=request.POST)
+        if form.is_valid():
+            action = form.cleaned_data["action"]
+            if action == REVIEW_EDIT:
+                return _review_page(model_admin, request, call, form.cleaned_data)
+            if action != BACK:
+                return _decide(model_admin, request, call, action, form.cleaned_data)
+            # "Back to editing": show the page again with the edited text kept.
+            text = form.cleaned_data.get("edited_args", "")
+            with contextlib.suppress(ValueError):
+                text = json_for_editor(json.loads(text))
+            form = model_admin.get_decision_form(request, call, initial={
+                "digest": call.digest, "note": form.cleaned_data.get("note", ""), "edited_args": text,
+            })
+    if form is None:
+        form = model_admin.get_decision_form(
+            request, call, initial={"digest": call.digest, "edited_args": json_for_editor(call.args)}
+        )
+    return _decision_page(model_admin, request, call, form)
+
+
+def _decision_page(model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, form: Any) -> HttpResponse:
+    run = call.run
+    other = [
+        {"url": model_admin.call_url(c.pk), "name": reveal(c.name), "preview": preview(c.args)}
+        for c in model_admin.get_other_pending(request, call)
+    ]
+    context = {
+        **_base_context(model_admin, request, f"Decide: {call.name} in {run.agent_name} run {str(run.pk)[:8]}", call),
+        "call": call,
+        "run": run,
+        "run_link": model_admin.run_link(run.pk),
+        "tool_name": reveal(call.name),
+        "call_id": reveal(call.tool_call_id),
+        "started_by": str(run.created_by) if run.created_by_id else "—",
+        "age": timesince(call.created_at),
+        "args_html": reveal_json(call.args),
+        "hidden_count": count_hidden(pretty_json(call.args), keep="\n"),
+        "long_strings": long_strings(call.args),
+        "form": form,
+        "other_pending": other,
+        **transcript_context(model_admin, request, run),
+    }
+    return TemplateResponse(request, model_admin.decision_template, context)
+
+
+def _review_page(
+    model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, data: dict[str, Any]
+) -> HttpResponse:
+    edited = data["args"]
+    context = {
+        **_base_context(model_admin, request, f"Review edited arguments of {call.name}", call),
+        "call": call,
+        "tool_name": reveal(call.name),
+        "diff": json_diff(call.args, edited),
+        "edited_html": reveal_json(edited),
+        "digest": data["digest"],
+        "note": data.get("note", ""),
+        # Compact ASCII JSON: a hidden input keeps it byte for byte (no newlines, no hidden characters).
+        "edited_args": json.dumps(edited, ensure_ascii=True),
+        "edited_digest": args_digest(edited),
+        "decision_url": model_admin.call_url(call.pk),
+        "approve_edited": APPROVE_EDITED,
+        "back": BACK,
+    }
+    return TemplateResponse(request, model_admin.review_template, context)
+
+
+def _decide(
+    model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, action: str, data: dict[str, Any]
+) -> HttpResponse:
+    approved = action in (APPROVE, APPROVE_EDITED)
+    here = model_admin.call_url(call.pk)
+    try:
+        runs.decide(
+            call, approved=approved, by=request.user, note=data.get("note", ""),
+            args=data.get("args") if action == APPROVE_EDITED else None,
+            stop=action == DENY_STOP, digest=data["digest"], source="admin",
+        )
+    except AlreadyDecided as exc:
+        messages.warning(request, f"Nothing changed: {exc}.")
+        return HttpResponseRedirect(_changelist_url(model_admin))
+    except StaleDecision as exc:
+        messages.error(request, f"Nothing changed: {exc}.")
+        return HttpResponseRedirect(here)
+    except InvalidEditedArguments as exc:
+        messages.error(request, f"Nothing changed: {exc}")
+        return HttpResponseRedirect(here)
+    verb = {APPROVE: "Approved", APPROVE_EDITED: "Approved with edited arguments", DENY_STOP: "Denied (run stopped)"}
+    messages.success(request, format_html(
+        "{} {} ({}). {}", verb.get(action, "Denied"), reveal(call.name), reveal(call.tool_call_id),
+        where_it_went(model_admin, [call.run_id]),
+    ))
+    following = model_admin.get_other_pending(request, call).first()
+    return HttpResponseRedirect(model_admin.call_url(following.pk) if following else _changelist_url(model_admin))
+
+
+# --- many calls ----------------------------------------------------------------------------------
+
+
+def _selected_calls(
+    model_admin: PendingApprovalAdmin, request: HttpRequest, queryset: QuerySet[Any]
+) -> list[ToolCall] | None:
+    """The calls to decide, or None (with a message) when one selected call is gone."""
+    calls = list(queryset.order_by("created_at", "id"))
+    if request.POST.get("select_across") == "1":
+        return calls
+    selected = set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
+    missing = selected - {str(c.pk) for c in calls}
+    if missing:
+        gone = ToolCall.objects.filter(pk__in=missing).order_by("id")
+        names = ", ".join(f"{c.name} {c.tool_call_id} ({c.status})" for c in gone) or ", ".join(sorted(missing))
+        messages.error(request, f"Nothing was decided: {names} is no longer waiting for a decision. Reload and try again.")
+        return None
+    return calls
+
+
+def _decide_all_or_nothing(
+    model_admin: PendingApprovalAdmin, request: HttpRequest, calls: list[ToolCall], *, approved: bool, note: str,
+    digests: dict[int, str | None],
+) -> None:
+    try:
+        with transaction.atomic():
+            for call in calls:
+                runs.decide(call, approved=approved, by=request.user, note=note, digest=digests.get(call.pk),
+                            source="admin-bulk")
+    except TransitionError as exc:
+        # The whole transaction rolled back: no decision, no wake-up was sent.
+        messages.error(request, f"Nothing was decided: {exc}.")
+        return
+    verb = "Approved" if approved else "Denied"
+    run_ids = list(dict.fromkeys(c.run_id for c in calls))
+    messages.success(request, format_html(
+        "{} {} call(s). {}", verb, len(calls), where_it_went(model_admin, run_ids)
+    ))
+
+
+def bulk_decide(
+    model_admin: PendingApprovalAdmin, request: HttpRequest, queryset: QuerySet[Any], *, approved: bool
+) -> None:
+    if not model_admin.has_decide_permission(request):
+        raise PermissionDenied
+    calls = _selected_calls(model_admin, request, queryset)
+    if calls is None:
+        return None
+    digests: dict[int, str | None] = {c.pk: request.POST.get(f"digest_{c.pk}") for c in calls}
+    unseen = [c for c in calls if not digests[c.pk]]
+    if approved and unseen:
+        messages.error(request, format_html(
+            "Nothing was approved: {} was not shown on this page. Approve only calls you can see.",
+            ", ".join(f"{c.name} {c.tool_call_id}" for c in unseen[:5]) + (" …" if len(unseen) > 5 else ""),
+        ))
+        return None
+    _decide_all_or_nothing(model_admin, request, calls, approved=approved, note="", digests=digests)
+    return None
+
+
+def bulk_deny(model_admin: PendingApprovalAdmin, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+    if not model_admin.has_decide_permission(request):
+        raise PermissionDenied
+    calls = _selected_calls(model_admin, request, queryset)
+    if calls is None:
+        return None
+    form = BulkDenyForm(request.POST if request.POST.get("confirm") == "yes" else None)
+    if form.is_bound and form.is_valid():
+        _decide_all_or_nothing(model_admin, request, calls, approved=False, note=form.cleaned_data["note"], digests={})
+        return None
+    context = {
+        **_base_context(model_admin, request, "Deny the selected calls"),
+        "calls": [{"pk": c.pk, "name": reveal(c.name), "preview": preview(c.args), "run": model_admin.run_link(c.run_id)}
+                  for c in calls],
+        "form": form,
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+    }
+    return TemplateResponse(request, model_admin.bulk_deny_template, context)
+
+
+# --- runs ----------------------------------------------------------------------------------------
+
+RUN_ACTIONS = ("cancel", "retry", "rerun", "do_not_rerun")
+
+
+def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    if request.method not in ("GET", "HEAD", "POST"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD, POST"})
+    if request.method == "POST" and not model_admin.has_decide_permission(request):
+        raise PermissionDenied
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    try:
+        run = model_admin.get_queryset(request).select_related("created_by").filter(pk=object_id).first()
+    except (ValueError, ValidationError):
+        run = None
+    if run is None:
+        raise Http404("No such run, or it is not yours to see.")
+    if request.method == "POST":
+        return _run_action(model_admin, request, run)
+    calls = list(ToolCall.objects.filter(run=run).select_related("decision", "decision__decided_by").order_by("created_at", "id"))
+    show_all_events = request.GET.get("events") == "all"
+    events_qs = model_admin.get_events(request, run)
+    events_total = events_qs.count()
+    events = list(events_qs) if show_all_events else list(reversed(events_qs.reverse()[: model_admin.events_limit]))
+    context = {
+        **_base_context(model_admin, request, f"{run.agent_name} run {str(run.pk)[:8]}", run),
+        "run": run,
+        "prompt_html": reveal(run.prompt),
+        "result_html": reveal(run.result) if run.result is not None else None,
+        "error_html": reveal(run.error) if run.error else None,
+        "usage_html": reveal_json(run.usage),
+        "started_by": str(run.created_by) if run.created_by_id else "—",
+        "calls": [_call_row(model_admin, c) for c in calls],
+        "has_unknown": any(c.status == CallStatus.OUTCOME_UNKNOWN for c in calls),
+        "can_cancel": not run.is_terminal,
+        "can_retry": run.status == RunStatus.NEEDS_ATTENTION,
+        "events": [{"seq": e.id, "type": e.type, "data": reveal_json(e.data), "at": e.created_at} for e in events],
+        "events_hidden": events_total - len(events),
+        **transcript_context(model_admin, request, run),
+    }
+    return TemplateResponse(request, model_admin.detail_template, context)
+
+
+def _call_row(model_admin: AgentRunAdmin, call: ToolCall) -> dict[str, Any]:
+    decision = getattr(call, "decision", None)
+    return {
+        "pk": call.pk,
+        "id": reveal(call.tool_call_id),
+        "name": reveal(call.name),
+        "capability": call.capability,
+        "status": call.status,
+        "pending": call.status == CallStatus.PENDING_APPROVAL,
+        "unknown": call.status == CallStatus.OUTCOME_UNKNOWN,
+        "decide_url": model_admin.call_url(call.pk),
+        "args": reveal_json(call.args),
+        "result": reveal_json(call.result) if call.result is not None else None,
+        "decision": None if decision is None else {
+            "verdict": decision.verdict,
+            "by": str(decision.decided_by) if decision.decided_by_id else "system",
+            "at": decision.decided_at,
+            "note": reveal(decision.note),
+            "edited": reveal_json(decision.args) if decision.args is not None else None,
+            "stop": decision.stop,
+            "source": decision.source,
+            "digest": decision.digest,
+        },
+    }
+
+
+def _run_action(model_admin: AgentRunAdmin, request: HttpRequest, run: AgentRun) -> HttpResponse:
+    action = request.POST.get("action")
+    here = model_admin.run_url(run.pk)
+    if action not in RUN_ACTIONS:
+        messages.error(request, "Unknown action; nothing changed.")
+        return HttpResponseRedirect(here)
+    try:
+        if action == "cancel":
+            if not runs.cancel_run(run, by=request.user, reason=f"cancelled in the admin by {request.user}"):
+                raise TransitionError(f"run {str(run.pk)[:8]} is {run.status} and cannot be cancelled")
+        elif action == "retry":
+            if not runs.retry_run(run, by=request.user):
+                raise TransitionError(f"run {str(run.pk)[:8]} is {run.status}, not needs_attention")
+        else:
+            call = ToolCall.objects.filter(run=run, pk=request.POST.get("call") or 0).first()
+            if call is None:
+                raise TransitionError("that call is not part of this run")
+            runs.resolve_unknown(call, by=request.user, rerun=action == "rerun", note=request.POST.get("note", "")[:2000])
+            # Once a person settled every unknown outcome, the run continues.
+            if not ToolCall.objects.filter(run=run, status=CallStatus.OUTCOME_UNKNOWN).exists():
+                runs.retry_run(run, by=request.user)
+    except (TransitionError, ValueError) as exc:
+        messages.error(request, f"Nothing changed: {exc}.")
+        return HttpResponseRedirect(here)
+    messages.success(request, where_it_went(model_admin, [run.pk]))
+    return HttpResponseRedirect(here)
+
+
+def bulk_cancel(model_admin: AgentRunAdmin, request: HttpRequest, queryset: QuerySet[AgentRun]) -> None:
+    if not model_admin.has_decide_permission(request):
+        raise PermissionDenied
+    cancelled = [run.pk for run in queryset if runs.cancel_run(run, by=request.user, reason=f"cancelled in the admin by {request.user}")]
+    messages.success(request, f"Cancelled {len(cancelled)} run(s).")
