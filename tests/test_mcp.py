@@ -44,6 +44,15 @@ class TimeAgent(Agent):
     mcp_servers = [TIME]
 
 
+class DurableProbe(Agent):
+    """Scripted, durable (workers import it): a pre-approved ``pid``, an ``echo`` that waits for
+    approval, another ``pid``, then an answer."""
+
+    model = ScriptedModel([tool_call("pid"), tool_call("echo", text="hello"), tool_call("pid"), reply("done")])
+    permissions = Permissions("approve", mcp_allow=["pid"])
+    mcp_servers = [TEST_STDIO]
+
+
 # --- watching processes and events ----------------------------------------------------------
 
 
@@ -499,3 +508,38 @@ def test_scripted_name_of_an_agents_own_tool_is_qualified_and_its_tool_kept(web:
     own, remote = results(result)
     assert own == {"own": 3}
     assert remote["content"] == ["3"]
+
+
+# --- durable: suspend on an MCP call, resume in a worker --------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.durable
+@pytest.mark.redis
+def test_scripted_durable_mcp_call_is_approved_and_resumed_by_a_worker_with_a_fresh_session(rq_worker: Any) -> None:
+    from nexo_django.models import AgentRun, CallStatus, RunStatus
+    from tests.servers import wait_until
+
+    def status_is(run: AgentRun, status: str) -> AgentRun | None:
+        fresh = AgentRun.objects.get(pk=run.pk)
+        return fresh if fresh.status == status else None
+
+    rq_worker(1)
+    run = DurableProbe.run_later("scripted")
+    run = wait_until(lambda: status_is(run, RunStatus.SUSPENDED), timeout=60, what="the run to suspend")
+    [pending] = run.pending_calls()
+    assert (pending.name, pending.capability, pending.args) == ("echo", "mcp", {"text": "hello"})
+    assert not pending.idempotent
+    first_pid = run.transcript()[2]["content"]["structured"]["result"]
+    assert not pid_alive(first_pid)  # the worker closed the session when the run suspended
+
+    pending.approve()
+    run = wait_until(lambda: status_is(run, RunStatus.DONE), timeout=60, what="the resumed run to finish")
+    tool_results = [m["content"] for m in run.transcript() if m["role"] == "tool"]
+    assert tool_results[1] == {"content": ["hello"], "structured": {"result": "hello"}}
+    second_pid = tool_results[2]["structured"]["result"]
+    assert second_pid != first_pid  # a fresh session in the resuming worker
+    assert not pid_alive(second_pid)
+    pending.refresh_from_db()
+    assert pending.status == CallStatus.SUCCEEDED
+    assert run.result == "done"
