@@ -63,6 +63,9 @@ class Command(BaseCommand):
         self.timeout = timeout
         self.worker: subprocess.Popen[bytes] | None = None
         self.worker_log: IO[bytes] | None = None
+        if serve and not settings.DEBUG:
+            raise CommandError("nexo_demo --serve creates an account with a known password; it runs only with "
+                               "DEBUG = True, on a machine of your own.")
         _require_migrated()
         folder = Path(workspace or getattr(settings, "NOTES_WORKSPACE", None) or Path.cwd() / "demo_workspace")
         try:
@@ -172,9 +175,6 @@ class Command(BaseCommand):
     # --- serving -----------------------------------------------------------------------------
 
     def serve(self, folder: Path, addr: str) -> None:
-        if not settings.DEBUG:
-            raise CommandError("nexo_demo --serve creates an account with a known password; it runs only with "
-                               "DEBUG = True, on a machine of your own.")
         folder.mkdir(parents=True, exist_ok=True)
         self.accounts(passwords=True)
         self.say(f"Demo accounts: approver / {DEMO_PASSWORD} (staff, may decide calls) and writer / writer.")
