@@ -235,6 +235,8 @@ class Agent:
     def _list_mcp_tools(self) -> list[Tool]:
         if not type(self).mcp_servers:
             return []
+        if self.gate.mode == "read_only" and not self.gate.mcp_allow:
+            return []  # no MCP tool could run: do not even start the servers
         if self._mcp_tools is None:
             from .mcp import MCPManager
 
