@@ -153,11 +153,15 @@ class Permissions:
                 capability=capability,
                 detail=detail,
             )
+        if self.mode not in MODES:
+            raise Denied(f"{what} denied: unknown mode {self.mode!r}", capability=capability, detail=detail)
         if not self._needs_asking(capability, detail):
             return True
         if self.mode == "ask":
             return self._ask(capability, detail, what)
-        return self._decided(capability, detail, what, args=None)
+        if self.mode == "approve":
+            return self._decided(capability, detail, what, args=None)
+        raise Denied(f"{what} denied: unknown mode {self.mode!r}", capability=capability, detail=detail)
 
     def authorize_mcp(self, tool_name: str, args: Mapping[str, Any] | None = None) -> bool:
         """The second axis: MCP tools run inside their server, outside the sandbox."""

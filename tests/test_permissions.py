@@ -500,3 +500,10 @@ def test_mcp_unknown_mode_fails_closed() -> None:
     gate.mode = "something_else"  # cannot be built this way; the gate must still fail closed
     with pytest.raises(Denied):
         gate.authorize_mcp("get_time")
+
+
+def test_authorize_fails_closed_when_the_mode_is_changed_to_an_unknown_value() -> None:
+    gate = Permissions("approve")
+    gate.mode = "yolo"
+    with pytest.raises(Denied, match="unknown mode"):
+        gate.authorize("write", "x")
