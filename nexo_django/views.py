@@ -9,9 +9,6 @@ project's own templates folder.
 
 from __future__ import annotations
 
-import json
-import unicodedata
-from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib.auth.mixins import LoginRequiredMixin
@@ -24,6 +21,7 @@ from django.views import View
 from django.views.decorators.cache import never_cache
 from django.views.generic import DetailView, ListView
 
+from .display import is_hidden, message_view, reveal, reveal_json
 from .models import ACTIVE_RUN_STATUSES, AgentRun, ToolCall
 
 #: Permissions that let a user see every run, not only the runs they started.
@@ -54,53 +52,19 @@ def inbox_url(call: ToolCall) -> str | None:
     return None
 
 
-# Invisible and bidirectional characters are shown as ⟨U+XXXX⟩, never rendered: text from a
-# model must not hide or reorder what a person reads.
-_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
-
-
 def visible(text: str) -> str:
-    out = []
-    for char in text:
-        category = unicodedata.category(char)
-        if char in "\n\t" or (category not in _HIDDEN_CATEGORIES and (category != "Zs" or char == " ")):
-            out.append(char)
-        else:
-            out.append(f"⟨U+{ord(char):04X}⟩")
-    return "".join(out)
+    """Plain text (a terminal, a log) with invisible and bidi characters written as ⟦U+XXXX⟧;
+    HTML pages use :func:`nexo_django.display.reveal`, which also escapes."""
+    return "".join(f"⟦U+{ord(c):04X}⟧" if is_hidden(c, keep="\n\t") else c for c in text)
 
 
-def pretty(value: Any) -> str:
-    if isinstance(value, str):
-        return visible(value)
-    return visible(json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str))
-
-
-@dataclass
-class TranscriptEntry:
-    role: str
-    text: str = ""
-    calls: list[dict[str, str]] = field(default_factory=list)
-    is_error: bool = False
-
-
-def transcript_entries(messages: list[dict[str, Any]]) -> list[TranscriptEntry]:
-    """The transcript, made safe to show: every text run through :func:`visible`."""
+def transcript_entries(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The transcript as safe pieces for a template (escaped, hidden characters shown)."""
     entries = []
     for message in messages:
-        role = str(message.get("role", ""))
+        entry = message_view(message)
         content = message.get("content")
-        if role == "tool":
-            entry = TranscriptEntry(
-                role=f"tool {message.get('name', '')}".strip(),
-                text=pretty(content),
-                is_error=isinstance(content, dict) and "error" in content,
-            )
-        else:
-            entry = TranscriptEntry(role=role, text=pretty(content) if content is not None else "")
-        for call in message.get("tool_calls") or ():
-            entry.calls.append({"id": str(call.get("id", "")), "name": visible(str(call.get("name", ""))),
-                                "args": pretty(call.get("args") or {})})
+        entry["is_error"] = message.get("role") == "tool" and isinstance(content, dict) and "error" in content
         entries.append(entry)
     return entries
 
@@ -160,11 +124,11 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
         run: AgentRun = self.object
         status = run_status(run)
         context["status"] = status
-        context["result"] = visible(run.result or "")
-        context["error"] = visible(run.error or "")
+        context["result"] = reveal(run.result or "")
+        context["error"] = reveal(run.error or "")
         context["transcript"] = transcript_entries(run.transcript())
         context["pending"] = [
-            {"call": c, "args": pretty(c.args), "inbox_url": self.get_inbox_url(c)} for c in run.pending_calls()
+            {"call": c, "args": reveal_json(c.args), "inbox_url": self.get_inbox_url(c)} for c in run.pending_calls()
         ]
         # The page polls the status while the run can still change, faster while it works.
         context["poll"] = {

@@ -1,0 +1,100 @@
+"""A person walks the example in headless Chromium: start a run, see it wait, approve the call in
+the admin inbox, and watch the run's page turn to done by itself (scripted model, inline queue)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from example_project.notes.agents import NOTES
+from nexo_django.models import AgentRun
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+WAIT = 15  # seconds; the run page polls every 3 s while a run waits
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver.set_page_load_timeout(WAIT)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def example(settings: Any, tmp_path: Path) -> Path:
+    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "example_project.notes"]
+    settings.ROOT_URLCONF = "example_project.urls"
+    settings.LOGIN_URL = "login"
+    settings.NOTES_WORKSPACE = tmp_path / "workspace"
+    settings.NOTES_MODEL = None
+    return tmp_path / "workspace"
+
+
+def status_of(driver: webdriver.Chrome) -> str:
+    return str(driver.find_element(By.ID, "run-status").get_attribute("data-status"))
+
+
+def test_a_person_starts_a_run_approves_it_in_the_admin_and_sees_it_finish(
+    browser: webdriver.Chrome, live_server: Any, example: Path
+) -> None:
+    approver = User.objects.create_user("approver", password="demo-pass", is_staff=True)
+    approver.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label="nexo_django", codename__startswith="view_"),
+        Permission.objects.get(codename="decide_toolcall"),
+    )
+    wait = WebDriverWait(browser, WAIT)
+
+    # Log in, then start a Scribe run from the example's form.
+    browser.get(live_server.url + "/")
+    browser.find_element(By.NAME, "username").send_keys("approver")
+    browser.find_element(By.NAME, "password").send_keys("demo-pass")
+    browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+    wait.until(lambda d: d.find_elements(By.ID, "start-run"))
+    prompt = browser.find_element(By.NAME, "prompt")
+    prompt.clear()
+    prompt.send_keys("Publish the release notes.")
+    browser.find_element(By.CSS_SELECTOR, "#start-run button[type=submit]").click()
+
+    # The run's page: it waits for a person on the write into published/.
+    wait.until(lambda d: d.find_elements(By.ID, "run-status"))
+    run = AgentRun.objects.get()
+    assert browser.current_url == f"{live_server.url}/runs/{run.pk}/"
+    assert status_of(browser) == "suspended"
+    pending = browser.find_element(By.CSS_SELECTOR, ".pending")
+    assert "published/notes.md" in pending.text
+    inbox = pending.find_element(By.CSS_SELECTOR, "a.inbox-link").get_attribute("href")
+    run_window = browser.current_window_handle
+
+    # Approve it in the admin inbox, in a second window.
+    browser.switch_to.new_window("window")
+    browser.get(str(inbox))
+    assert "published/notes.md" in browser.find_element(By.ID, "arguments").text
+    browser.find_element(By.ID, "approve").click()
+    wait.until(lambda d: "/change/" not in d.current_url or d.find_elements(By.CSS_SELECTOR, ".messagelist"))
+
+    # Back on the run's page, untouched since: it refreshes itself and shows the finished run.
+    browser.switch_to.window(run_window)
+    wait.until(lambda d: status_of(d) == "done")
+    assert "(scripted model) Drafted drafts/notes.md and published published/notes.md." in (
+        browser.find_element(By.ID, "run-result").text
+    )
+    assert not browser.find_elements(By.CSS_SELECTOR, ".pending")
+    assert (example / "published" / "notes.md").read_text() == NOTES
