@@ -1,0 +1,140 @@
+"""The approval inbox in headless Chromium against a live server (scripted agents, inline queue).
+
+Saves docs/img/inbox.png and docs/img/decision.png for docs/admin.md on every run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from nexo_django import Agent
+from nexo_django.models import AgentRun, RunStatus
+from nexo_django.testing import ScriptedModel, reply, tool_call
+from tests.durable_agents import ParallelScribe
+from tests.test_admin_support import INBOX, make_user
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
+WAIT = 15
+
+RELEASE_NOTES = "# Release 1.4\n\n- Faster exports\n- Fixed\u200b the login redirect\n"
+
+
+class ReleaseWriter(Agent):
+    """Scripted: looks around, then asks to write release notes (one zero-width space hides in them)."""
+
+    model = ScriptedModel(
+        [
+            tool_call("glob", pattern="*.md"),
+            [reply("I will write the release notes."), tool_call("write", path="RELEASE.md", content=RELEASE_NOTES)],
+            reply("Release notes written to RELEASE.md."),
+        ]
+    )
+    sandbox = "local"
+    permissions = "approve"
+    instructions = "You keep the project's release notes."
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        message = f"headless browser tests need {CHROMIUM} and {CHROMEDRIVER}: apt-get install chromium chromium-driver"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-first-run", "--window-size=1280,720", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    # Service with an explicit path: Selenium Manager never looks for (or downloads) a driver.
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(WAIT)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def log_in(driver: webdriver.Chrome, base: str, username: str, password: str) -> None:
+    driver.delete_all_cookies()
+    driver.get(f"{base}/admin/login/?next={INBOX}")
+    driver.find_element(By.NAME, "username").send_keys(username)
+    driver.find_element(By.NAME, "password").send_keys(password)
+    driver.find_element(By.CSS_SELECTOR, "input[type=submit], button[type=submit]").click()
+    WebDriverWait(driver, WAIT).until(lambda d: d.find_elements(By.ID, "result_list"))
+
+
+def save(driver: webdriver.Chrome, name: str) -> Path:
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    path = IMAGES / name
+    assert driver.save_screenshot(str(path)), f"could not save {path}"
+    return path
+
+
+def test_an_approver_approves_a_call_and_sees_the_run_finish(
+    browser: webdriver.Chrome, live_server: Any, tmp_path: Path
+) -> None:
+    ann = make_user("ann", "nexo_django.decide_toolcall", password="ann-pass")
+    (tmp_path / "other").mkdir()
+    ParallelScribe.run("Write a.txt and b.txt.", cwd=tmp_path / "other")
+    run = ReleaseWriter.run("Write the release notes for 1.4.", cwd=tmp_path, user=ann)
+    assert run.status == RunStatus.SUSPENDED
+    wait = WebDriverWait(browser, WAIT)
+
+    log_in(browser, live_server.url, "ann", "ann-pass")
+    assert "Pending approvals (3 waiting)" in browser.find_element(By.TAG_NAME, "h1").text
+    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(rows) == 3
+    # The screenshots are for the docs: without the navigation sidebar every column fits.
+    browser.find_element(By.ID, "toggle-nav-sidebar").click()
+    save(browser, "inbox.png")
+
+    # Newest last: the release notes call is the third row.
+    rows[2].find_element(By.CSS_SELECTOR, "th a, td a").click()
+    wait.until(lambda d: d.find_elements(By.ID, "decision-form"))
+    assert "RELEASE.md" in browser.find_element(By.ID, "arguments").text
+    assert "⟦U+200B⟧" in browser.find_element(By.ID, "arguments").text
+    assert browser.find_element(By.ID, "hidden-warning").is_displayed()
+    browser.set_window_size(1280, 1350)
+    save(browser, "decision.png")
+
+    browser.find_element(By.ID, "approve").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist .success"))
+    message = browser.find_element(By.CSS_SELECTOR, ".messagelist .success")
+    assert "is done" in message.text
+    message.find_element(By.TAG_NAME, "a").click()
+    wait.until(lambda d: d.find_elements(By.ID, "run-status"))
+    assert browser.find_element(By.ID, "run-status").text == "done"
+    assert browser.find_element(By.ID, "run-result").text == "Release notes written to RELEASE.md."
+    assert (tmp_path / "RELEASE.md").read_text() == RELEASE_NOTES
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.DONE
+
+
+def test_staff_without_the_permission_see_no_decision_buttons(
+    browser: webdriver.Chrome, live_server: Any, tmp_path: Path
+) -> None:
+    make_user("vic", "nexo_django.view_pendingapproval", "nexo_django.view_agentrun", password="vic-pass")
+    run = ParallelScribe.run("Write a.txt and b.txt.", cwd=tmp_path)
+    log_in(browser, live_server.url, "vic", "vic-pass")
+    assert not browser.find_elements(By.CSS_SELECTOR, "select[name=action]")
+    assert not browser.find_elements(By.CSS_SELECTOR, "input.action-select")
+    browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")[0].find_element(By.CSS_SELECTOR, "th a").click()
+    WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.ID, "arguments"))
+    assert browser.find_element(By.ID, "read-only").is_displayed()
+    assert not browser.find_elements(By.ID, "approve")
+    assert not browser.find_elements(By.ID, "decision-form")
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.SUSPENDED
