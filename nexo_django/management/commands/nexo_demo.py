@@ -10,9 +10,11 @@ it all happens in this process; with a Redis queue a worker process started here
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from importlib import import_module
 from pathlib import Path
@@ -68,12 +70,17 @@ class Command(BaseCommand):
                                "DEBUG = True, on a machine of your own.")
         _require_migrated()
         folder = Path(workspace or getattr(settings, "NOTES_WORKSPACE", None) or Path.cwd() / "demo_workspace")
+        # A plain `kill` must still stop the worker this command started: make it an exit.
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main else None
         try:
             if serve:
                 self.serve(folder, addr)
             else:
                 self.play(self.load_story(story), folder, live)
         finally:
+            if main:
+                signal.signal(signal.SIGTERM, previous)
             self.stop_worker()
 
     # --- the story ---------------------------------------------------------------------------
@@ -296,6 +303,12 @@ class Command(BaseCommand):
     def start_worker(self) -> None:
         if dispatch.is_inline():
             return
+        try:
+            dispatch.get_queue().connection.ping()
+        except Exception as exc:  # redis raises several kinds; all mean the same here
+            url = getattr(settings, "REDIS_URL", None) or "the RQ_QUEUES URL"
+            raise CommandError(f"the queue uses Redis ({url}) and it does not answer ({exc}). Start "
+                               "redis-server, or unset REDIS_URL for the inline queue.") from exc
         # Kept open for the worker's whole life; stop_worker() closes and removes it.
         self.worker_log = tempfile.NamedTemporaryFile(  # noqa: SIM115
             prefix="nexo-demo-worker-", suffix=".log", delete=False
@@ -342,6 +355,10 @@ class Command(BaseCommand):
             self.worker_log.close()
             os.unlink(self.worker_log.name)
             self.worker_log = None
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _require_migrated() -> None:
