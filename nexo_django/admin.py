@@ -236,8 +236,8 @@ class PendingApprovalAdmin(TranscriptHooks, admin.ModelAdmin):
     # Bulk actions ----------------------------------------------------------------------------
 
     @admin.action(description="Approve selected calls", permissions=["decide"])
-    def approve_selected(self, request: HttpRequest, queryset: QuerySet[PendingApproval]) -> HttpResponse | None:
-        return admin_views.bulk_decide(self, request, queryset, approved=True)
+    def approve_selected(self, request: HttpRequest, queryset: QuerySet[PendingApproval]) -> None:
+        admin_views.bulk_decide(self, request, queryset, approved=True)
 
     @admin.action(description="Deny selected calls (with one note)", permissions=["decide"])
     def deny_selected(self, request: HttpRequest, queryset: QuerySet[PendingApproval]) -> HttpResponse | None:

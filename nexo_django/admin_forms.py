@@ -57,7 +57,7 @@ class DecisionForm(forms.Form):
         self.check_edited = check_edited
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         action = data.get("action")
         if action not in EDIT_ACTIONS or "edited_args" in self.errors:
             return data

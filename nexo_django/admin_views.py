@@ -43,7 +43,7 @@ from .models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
 if TYPE_CHECKING:
     from .admin import AgentRunAdmin, PendingApprovalAdmin, TranscriptHooks
 
-STATUS_WORDS = {
+STATUS_WORDS: dict[str, str] = {
     RunStatus.QUEUED: "is queued: a worker will continue it",
     RunStatus.RUNNING: "is running",
     RunStatus.SUSPENDED: "waits for another decision",

@@ -15,7 +15,15 @@ from django.utils import timezone
 
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
 from tests.durable_agents import ParallelScribe, Scribe
-from tests.test_admin_support import INBOX, approver, client_for, csrf_post, make_user, pending_rows, viewer
+from tests.test_admin_support import (
+    INBOX,
+    approver,
+    client_for,
+    csrf_post,
+    make_user,
+    pending_rows,
+    viewer,
+)
 
 
 def row_ids(html: str) -> list[int]:

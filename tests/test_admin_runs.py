@@ -16,7 +16,16 @@ from django.utils import timezone
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
 from nexo_django.recovery import reconcile
 from tests.durable_agents import Bumper, Scribe
-from tests.test_admin_support import RUNS, approver, client_for, csrf_post, make_user, pending_rows, run_url, viewer
+from tests.test_admin_support import (
+    RUNS,
+    approver,
+    client_for,
+    csrf_post,
+    make_user,
+    pending_rows,
+    run_url,
+    viewer,
+)
 
 
 @pytest.fixture
