@@ -86,8 +86,8 @@ def classify(ip: IPAddress) -> AddressClass | None:
             found = classify(inner)
             if found is not None:
                 return AddressClass(f"{how} IPv6 address hiding {inner} ({found.label})", found.private)
-        if ip.ipv4_mapped is not None:
-            return None  # it *is* that (public) IPv4 address
+        if ip.ipv4_mapped is not None or ip in _NAT64:
+            return None  # it *is* (or is the translator's route to) that public IPv4 address
     v4 = isinstance(ip, ipaddress.IPv4Address)
     if ip.is_unspecified:
         return AddressClass("unspecified address", False)
@@ -245,10 +245,10 @@ def check_url(url: str, allow: AllowList, ports: Iterable[int]) -> Target:
         raise FetchRefused(f"fetch refused: scheme {scheme or '(none)'!r} is not allowed; only http and https")
     authority = url.split("//", 1)[1] if "//" in url else ""
     authority = re.split(r"[/?#]", authority, maxsplit=1)[0]
-    if "@" in authority:
-        raise FetchRefused("fetch refused: the URL carries credentials (user info before '@'); remove them")
     if "\\" in authority:
         raise FetchRefused("fetch refused: a backslash in the host part of the URL is not allowed")
+    if "@" in authority:
+        raise FetchRefused("fetch refused: the URL carries credentials (user info before '@'); remove them")
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as exc:
