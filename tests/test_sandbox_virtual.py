@@ -97,3 +97,10 @@ def test_spec_round_trip_keeps_text_files() -> None:
 def test_make_sandbox_defaults_to_virtual() -> None:
     assert isinstance(make_sandbox(None), VirtualSandbox)
     assert isinstance(make_sandbox("virtual"), VirtualSandbox)
+
+
+def test_spec_round_trip_keeps_protected_names_and_non_utf8_bytes() -> None:
+    box = VirtualSandbox({"a.bin": b"\xff\xfe ok"}, protected=("secret/*",))
+    again = from_spec(box.spec())
+    assert again.read("a.bin", 100).data == b"\xff\xfe ok"
+    assert again.protected == ("secret/*",)

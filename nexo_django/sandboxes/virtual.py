@@ -29,7 +29,9 @@ class VirtualSandbox(Sandbox):
         self.protected = tuple(protected)
         self.files: dict[str, bytes] = {}
         for path, content in (files or {}).items():
-            self.files[self.normalize(path)] = content.encode() if isinstance(content, str) else content
+            self.files[self.normalize(path)] = (
+                content.encode("utf-8", "surrogateescape") if isinstance(content, str) else content
+            )
 
     def normalize(self, path: str) -> str:
         if not isinstance(path, str) or not path:
@@ -88,7 +90,11 @@ class VirtualSandbox(Sandbox):
         return GlobResult(found, False)
 
     def spec(self) -> dict[str, Any]:
-        return {"kind": "virtual", "files": {k: v.decode("utf-8", "surrogateescape") for k, v in self.files.items()}}
+        return {
+            "kind": "virtual",
+            "files": {k: v.decode("utf-8", "surrogateescape") for k, v in self.files.items()},
+            "protected": list(self.protected),
+        }
 
 
 def _glob_match(name: str, pattern: str) -> bool:
