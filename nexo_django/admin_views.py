@@ -77,6 +77,8 @@ def where_it_went(model_admin: TranscriptHooks, run_ids: list[Any]) -> SafeStrin
 
 def _base_context(model_admin: Any, request: HttpRequest, title: str, obj: Any = None) -> dict[str, Any]:
     opts = model_admin.model._meta
+    # {% url 'admin:...' %} in the templates resolves to this site, as in Django's own admin views.
+    request.current_app = model_admin.admin_site.name
     return {
         **model_admin.admin_site.each_context(request),
         "title": title,

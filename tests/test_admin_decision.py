@@ -243,3 +243,19 @@ def test_pages_refuse_framing(ann: Any, scribe_call: ToolCall) -> None:
     client = client_for(ann)
     for url in (INBOX, decision_url(scribe_call), f"/admin/nexo_django/agentrun/{scribe_call.run_id}/change/"):
         assert client.get(url)["X-Frame-Options"] == "DENY"
+
+
+@pytest.mark.redis
+def test_with_a_redis_queue_the_decision_only_enqueues_the_resume(
+    ann: Any, scribe_call: ToolCall, tmp_path: Path, redis_queue_settings: Any
+) -> None:
+    from nexo_django import dispatch
+
+    client = client_for(ann)
+    response = decide(client, scribe_call, "approve")
+    run = scribe_call.run
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    assert not (tmp_path / "notes.txt").exists()  # no tool ran in the web request
+    assert dispatch.job_exists(run.pk, run.generation)
+    assert "is queued: a worker will continue it" in client.get(response["Location"]).content.decode()

@@ -8,6 +8,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
+from django.utils.crypto import get_random_string
 
 from nexo_django import Agent
 from nexo_django.models import AgentRun, CallStatus, RunMessage, RunStatus, ToolCall, args_digest
@@ -72,7 +73,9 @@ def client_for(user: Any) -> Client:
 def csrf_post(client: Client, url: str, data: dict[str, Any], **extra: Any) -> Any:
     """POST with the CSRF token a browser would send (from the cookie set by a GET)."""
     if "csrftoken" not in client.cookies:
-        client.get(INBOX)
+        client.get(url)  # a GET never decides; it sets the cookie as a browser's visit would
+    if "csrftoken" not in client.cookies:  # an error page or a redirect set none
+        client.cookies["csrftoken"] = get_random_string(32)
     token = client.cookies["csrftoken"].value
     return client.post(url, {**data, "csrfmiddlewaretoken": token}, **extra)
 
