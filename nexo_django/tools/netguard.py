@@ -100,7 +100,7 @@ def classify(ip: IPAddress) -> AddressClass | None:
         return AddressClass("multicast address", False)
     if ip.is_loopback:
         return AddressClass("loopback address", True)
-    if not v4 and ip.is_site_local:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
         return AddressClass("site-local address (fec0::/10)", False)
     if ip.is_reserved:
         return AddressClass("reserved address", False)
