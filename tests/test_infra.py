@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -219,3 +220,57 @@ def test_suite_database_is_the_one_database_url_names() -> None:
         assert (connection.vendor, connection.settings_dict["NAME"]) == expected
     else:  # the SQLite pass: a file, so worker subprocesses can open it
         assert (connection.vendor, Path(connection.settings_dict["NAME"]).is_file()) == ("sqlite", True)
+
+
+# --------------------------------------------------------------------------- teardown, for real
+
+INNER_TESTS = '''
+import os, time
+from pathlib import Path
+
+def test_fails_while_workers_run(rq_worker):
+    workers = rq_worker(2)
+    Path(os.environ["PIDS_FILE"]).write_text(" ".join(map(str, workers.pids)))
+    assert False, "the inner test fails here"
+
+def test_interrupted_while_workers_run(rq_worker):
+    workers = rq_worker(2)
+    Path(os.environ["PIDS_FILE"]).write_text(" ".join(map(str, workers.pids)))
+    time.sleep(60)
+'''
+
+
+def _inner_pytest(tmp_path: Path, name: str) -> tuple[subprocess.Popen[str], Path]:
+    """Run one of INNER_TESTS in a separate pytest process that loads tests/conftest.py."""
+    (tmp_path / "test_inner.py").write_text(INNER_TESTS)
+    pids_file = tmp_path / "pids"
+    argv = [sys.executable, "-m", "pytest", str(tmp_path / "test_inner.py"), "-k", name, "-p", "tests.conftest",
+            "-c", str(REPO_ROOT / "pyproject.toml"), "--rootdir", str(REPO_ROOT), "-p", "no:cacheprovider", "-q"]  # fmt: skip
+    env = {**os.environ, "PIDS_FILE": str(pids_file), "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, pids_file
+
+
+@pytest.mark.redis
+def test_workers_of_a_failing_test_are_stopped_and_their_logs_reported(tmp_path: Path) -> None:
+    proc, pids_file = _inner_pytest(tmp_path, "fails")
+    output, _ = proc.communicate(timeout=120)
+    pids = [int(pid) for pid in pids_file.read_text().split()]
+    assert (proc.returncode, len(pids), any(map(pid_alive, pids))) == (1, 2, False), output
+    assert "rq worker logs" in output and "Listening on nexo_test" in output
+
+
+@pytest.mark.redis
+def test_workers_are_stopped_when_the_run_is_interrupted(tmp_path: Path) -> None:
+    proc, pids_file = _inner_pytest(tmp_path, "interrupted")
+    try:
+        text = wait_until(lambda: pids_file.exists() and pids_file.read_text(), timeout=60, what="inner workers")
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    pids = [int(pid) for pid in text.split()]
+    assert (len(pids), any(map(pid_alive, pids))) == (2, False), output
+    assert "KeyboardInterrupt" in output
