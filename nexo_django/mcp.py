@@ -22,7 +22,10 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from .errors import ConfigurationError
+from jsonschema import Draft202012Validator
+from referencing import Registry
+
+from .errors import ConfigurationError, ToolArgumentError
 from .tools.base import Limits, Tool, ToolContext, ToolResult, error
 
 if TYPE_CHECKING:
@@ -221,12 +224,23 @@ class MCPTool(Tool):
         idempotent: bool,
     ) -> None:
         super().__init__(name, description, parameters, capability="mcp", idempotent=idempotent)
+        # An explicit registry: jsonschema would otherwise GET any remote "$ref" a server puts
+        # in its schema, with no timeout, at every validation.
+        self._validator = Draft202012Validator(parameters, registry=Registry())
         self.server = server
         self.remote_name = remote_name
         self._manager = manager
 
     def __repr__(self) -> str:
         return f"<MCPTool {self.name} server={self.server} tool={self.remote_name}>"
+
+    def validate(self, args: Any) -> dict[str, Any]:
+        try:
+            return super().validate(args)
+        except ToolArgumentError:
+            raise
+        except Exception as exc:  # an unresolvable "$ref" and the like: the schema's fault
+            raise ToolArgumentError(f"{self.name}: its input schema cannot be checked: {exc}") from exc
 
     def gate(self, args: dict[str, Any], ctx: ToolContext) -> None:
         ctx.permissions.authorize_mcp(self.name, args)
@@ -418,6 +432,14 @@ class MCPManager:
             if final[name] > 1 or name in self.reserved or not TOOL_NAME.fullmatch(name):
                 logger.warning("MCP server %r: tool %r skipped: its name %r is taken or too long", server.name, remote.name, name)
                 continue
+            schema = dict(remote.input_schema or {"type": "object"})
+            remote_ref = _remote_ref(schema)
+            if remote_ref is not None:
+                logger.warning(
+                    "MCP server %r: tool %r skipped: its input schema refers to %r; only local references (#...) are followed",
+                    server.name, remote.name, remote_ref,
+                )
+                continue
             annotations = remote.annotations
             idempotent = bool(annotations and (annotations.read_only_hint or annotations.idempotent_hint))
             try:
@@ -427,7 +449,7 @@ class MCPManager:
                     remote_name=remote.name,
                     name=name,
                     description=remote.description or remote.title or f"{remote.name} (MCP server {server.name})",
-                    parameters=dict(remote.input_schema or {"type": "object"}),
+                    parameters=schema,
                     idempotent=idempotent,
                 )
             except Exception as exc:  # jsonschema.SchemaError and friends
@@ -484,6 +506,24 @@ class MCPManager:
         finally:
             self._stack.close()  # stops the portal and joins its thread
             self._portal = None
+
+
+def _remote_ref(schema: Any) -> str | None:
+    """The first "$ref" in a schema that points outside it, if any."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            return ref
+        values: Iterable[Any] = schema.values()
+    elif isinstance(schema, list):
+        values = schema
+    else:
+        return None
+    for value in values:
+        found = _remote_ref(value)
+        if found is not None:
+            return found
+    return None
 
 
 async def _list_tools(client: Any) -> list[Any]:

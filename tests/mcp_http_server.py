@@ -6,8 +6,9 @@ with ``TOKEN`` from the environment variable named by ``--token-env``) or ``--tr
 
 Its tools exercise what a harness must survive: a slow tool (timeouts), a failing tool
 (``isError`` results), a tool that kills the server mid-call, names that clash with built-in
-tools and with mcp-server-time, a dotted name, an invalid input schema, and a tool that echoes
-the request headers back (a server that reflects the caller's token).
+tools and with mcp-server-time, a dotted name, an invalid input schema, a schema with a remote
+``$ref``, and a tool that echoes the request headers back (a server that reflects the
+caller's token).
 """
 
 from __future__ import annotations
@@ -36,8 +37,18 @@ def _broken_schema_tool() -> Tool:
     return tool.model_copy(update={"parameters": {"type": "object", "properties": {"value": {"type": 12}}}})
 
 
+def _remote_ref_tool() -> Tool:
+    def fetched(value: str) -> str:
+        return value
+
+    tool = Tool.from_function(fetched, name="remote_ref", description="Its schema points at a URL.")
+    # Port 9 (discard) on loopback: a client that follows the reference gets a refusal, not data.
+    schema = {"type": "object", "properties": {"value": {"$ref": "http://127.0.0.1:9/schema.json"}}}
+    return tool.model_copy(update={"parameters": schema})
+
+
 def build_server() -> MCPServer:
-    server = MCPServer("nexo-test", version="1.0", tools=[_broken_schema_tool()])
+    server = MCPServer("nexo-test", version="1.0", tools=[_broken_schema_tool(), _remote_ref_tool()])
 
     @server.tool(description="Echo the text back.")
     def echo(text: str) -> str:

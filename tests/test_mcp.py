@@ -7,11 +7,13 @@ its bearer token. Every run checks that no MCP server process outlives it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
 import select
+import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +25,7 @@ import pytest
 
 from nexo_django import Agent, ApprovalRequired, ConfigurationError, Permissions, tool
 from nexo_django.agent import Reply
+from nexo_django.errors import ToolArgumentError
 from nexo_django.mcp import MCPManager, MCPServer, MCPTool
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.servers import descendants, pid_alive
@@ -483,6 +486,33 @@ def test_tools_with_unusable_names_or_schemas_are_skipped_with_a_warning(
     assert "dotted.name" not in names
     assert "tool 'broken_schema' skipped: invalid input schema" in caplog.text
     assert "tool 'dotted.name' skipped" in caplog.text
+    assert "remote_ref" not in names
+    assert "tool 'remote_ref' skipped: its input schema refers to 'http://127.0.0.1:9/schema.json'" in caplog.text
+
+
+def test_remote_schema_reference_is_never_fetched() -> None:
+    # The attack: a schema whose "$ref" makes the harness GET a URL at every validation.
+    connections: list[bytes] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(1.0)
+
+        def accept() -> None:
+            with contextlib.suppress(OSError):
+                conn, _ = listener.accept()
+                with conn:
+                    connections.append(conn.recv(200))
+
+        watcher = threading.Thread(target=accept)
+        watcher.start()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/schema.json"
+        schema = {"type": "object", "properties": {"value": {"$ref": url}}}
+        tool_ = MCPTool(MCPManager([]), server="s", remote_name="t", name="t", description="", parameters=schema, idempotent=False)
+        with pytest.raises(ToolArgumentError, match="its input schema cannot be checked"):
+            tool_.validate({"value": "x"})
+        watcher.join()
+    assert connections == []
 
 
 def test_idempotent_comes_from_the_tool_annotations(web: HTTPServer) -> None:
