@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 import pytest
 
-from tests.servers import PostgresServer, RedisServer, RQWorkers, ServerUnavailable
+from tests.rq_workers import RQWorkers
+from tests.servers import PostgresServer, RedisServer, ServerUnavailable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_QUEUE = "nexo_test"

@@ -1,4 +1,4 @@
-"""Real PostgreSQL, Redis and rq worker processes for the test suite.
+"""Real PostgreSQL and Redis servers for the test suite (rq workers: tests/rq_workers.py).
 
 Every server listens on 127.0.0.1 only, on a port found free at runtime, with its files in a
 fresh temporary directory. Leaving the ``with`` block (normally, on an exception or on
@@ -7,8 +7,8 @@ KeyboardInterrupt) or calling ``stop()`` ends the process and removes the direct
 if the process that started it dies first. PostgreSQL refuses to run as root, so under root
 it runs as the ``postgres`` OS user.
 
-As a script: ``python tests/servers.py with-postgres CMD...`` (see scripts/with-postgres).
-Only the standard library is needed for PostgreSQL; redis-py and rq are imported where used.
+``with_postgres`` backs scripts/with-postgres. Only the standard library is needed for
+PostgreSQL; redis-py is imported where used.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
 
@@ -39,7 +38,6 @@ PG_DEFAULT_BIN = "/usr/lib/postgresql/15/bin"
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 PORT_ATTEMPTS = 5
-
 
 
 class ServerUnavailable(RuntimeError):
@@ -105,22 +103,21 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _wait_dead(pids: Sequence[int]) -> None:
+def wait_dead(pids: Sequence[int]) -> None:
     # SIGKILL is delivered asynchronously; a grandchild is not ours to wait() for.
     wait_until(lambda: not any(pid_alive(pid) for pid in pids), timeout=STOP_TIMEOUT, what=f"pids {pids} to exit")
 
 
-def _signal(pid: int, sig: int) -> None:
+def signal_quietly(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
 
 
 # Loaded before any fork: calling dlopen between fork and exec is not safe.
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-_PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(sig: int) -> Callable[[], None] | None:
+def die_with_parent(sig: int) -> Callable[[], None] | None:
     """A preexec_fn asking the kernel to send ``sig`` to the child when its parent dies.
 
     It runs after the uid switch, so the setting survives it. It covers the case cleanup
@@ -132,7 +129,7 @@ def _die_with_parent(sig: int) -> Callable[[], None] | None:
     libc = _LIBC
 
     def preexec() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        libc.prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
     return preexec
 
@@ -142,17 +139,17 @@ def _end_process(proc: subprocess.Popen[bytes], signals: Sequence[int], timeout:
     for sig in signals:
         if proc.poll() is not None:
             return
-        _signal(proc.pid, sig)
+        signal_quietly(proc.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout)
             return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    _signal(proc.pid, signal.SIGKILL)
+    signal_quietly(proc.pid, signal.SIGKILL)
     proc.wait()
 
 
-def _tail(path: Path | None, lines: int = 40, start: int = 0) -> str:
+def log_text(path: Path | None, lines: int = 40, start: int = 0) -> str:
     if path is None or not path.exists():
         return "(no log)"
     with path.open("rb") as handle:
@@ -204,7 +201,7 @@ class _Server:
         return self._proc is not None and self._proc.poll() is None
 
     def log_tail(self, lines: int = 40) -> str:
-        return _tail(self.log_path, lines)
+        return log_text(self.log_path, lines)
 
     def _make_dir(self, base: str | None = None) -> Path:
         self.dir = Path(tempfile.mkdtemp(prefix=self.prefix, dir=base))
@@ -243,19 +240,17 @@ class _Server:
             stderr=subprocess.STDOUT,
             # Its own session: the terminal's Ctrl-C reaches only us; we stop it in order.
             start_new_session=True,
-            preexec_fn=_die_with_parent(sig),
+            preexec_fn=die_with_parent(sig),
             **kwargs,
         )
 
 
 def find_pg_bin(bin_dir: str | None = None) -> Path:
-    candidates = [bin_dir or os.environ.get("NEXO_PG_BIN") or PG_DEFAULT_BIN]
-    for candidate in candidates:
-        path = Path(candidate)
-        if all((path / name).is_file() for name in ("initdb", "postgres", "pg_isready", "createdb")):
-            return path
+    path = Path(bin_dir or os.environ.get("NEXO_PG_BIN") or PG_DEFAULT_BIN)
+    if all((path / name).is_file() for name in ("initdb", "postgres", "pg_isready", "createdb")):
+        return path
     raise ServerUnavailable(
-        f"PostgreSQL server binaries not found in {candidates[0]} (need initdb, postgres, "
+        f"PostgreSQL server binaries not found in {path} (need initdb, postgres, "
         "pg_isready, createdb). Fix: apt-get install postgresql-15, or set NEXO_PG_BIN to the "
         "directory that holds them."
     )
@@ -367,7 +362,7 @@ class PostgresServer(_Server):
         probe = [str(bin_dir / "pg_isready"), "-q", "-h", LOOPBACK, "-p", str(self.port), "-U", self.superuser, "-t", "1"]
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                output = _tail(self.log_path, start=offset)
+                output = log_text(self.log_path, start=offset)
                 if "already in use" in output or "could not bind" in output:
                     return False
                 raise RuntimeError(f"PostgreSQL exited with {self._proc.returncode} while starting:\n{output}")
@@ -463,7 +458,7 @@ class RedisServer(_Server):
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                output = _tail(self.log_path, start=offset)
+                output = log_text(self.log_path, start=offset)
                 self._proc = None
                 if "already in use" in output:
                     return False
@@ -474,124 +469,14 @@ class RedisServer(_Server):
         raise RuntimeError(f"redis-server not ready after {START_TIMEOUT:g}s:\n{self.log_tail()}")
 
 
-# --------------------------------------------------------------------------- rq workers
-
-
-class RQWorkers:
-    """``count`` real ``manage.py rqworker`` subprocesses, each logging to its own file.
-
-    ``env`` must let them open the test database and Redis (tests/conftest.py builds it).
-    """
-
-    def __init__(
-        self,
-        *,
-        queues: Sequence[str],
-        redis_url: str,
-        env: Mapping[str, str],
-        log_dir: Path,
-        count: int = 1,
-        worker_class: str = "rq.worker.Worker",
-        cwd: Path | None = None,
-    ) -> None:
-        self.queues = list(queues)
-        self.redis_url = redis_url
-        self.env = dict(env)
-        self.log_dir = log_dir
-        self.count = count
-        self.worker_class = worker_class
-        self.cwd = cwd
-        self.names: list[str] = []
-        self.log_paths: list[Path] = []
-        self._procs: list[subprocess.Popen[bytes]] = []
-
-    @property
-    def pids(self) -> list[int]:
-        return [proc.pid for proc in self._procs]
-
-    def start(self) -> Self:
-        try:
-            for _ in range(self.count):
-                self._spawn_one()
-            self._wait_registered()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _spawn_one(self) -> None:
-        name = f"nexo-test-{uuid.uuid4().hex[:12]}"
-        log_path = self.log_dir / f"rqworker-{len(self._procs)}-{name}.log"
-        argv = [sys.executable, "-m", "django", "rqworker", *self.queues, "--name", name,
-                "--worker-class", self.worker_class]  # fmt: skip
-        with log_path.open("ab") as log:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self.env, cwd=self.cwd, start_new_session=True,
-                preexec_fn=_die_with_parent(signal.SIGTERM),
-            )  # fmt: skip
-        self.names.append(name)
-        self.log_paths.append(log_path)
-        self._procs.append(proc)
-
-    def _wait_registered(self) -> None:
-        import redis
-        from rq import Worker
-
-        wanted = {f"rq:worker:{name}" for name in self.names}
-        with redis.Redis.from_url(self.redis_url) as connection:
-            deadline = time.monotonic() + START_TIMEOUT
-            while not wanted <= set(Worker.all_keys(connection=connection)):
-                for proc, path in zip(self._procs, self.log_paths, strict=True):
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"rqworker exited with {proc.returncode} while starting:\n{_tail(path)}")
-                if time.monotonic() >= deadline:
-                    raise RuntimeError(f"rqworkers not registered in Redis after {START_TIMEOUT:g}s:\n{self.logs()}")
-                time.sleep(0.05)
-
-    def kill(self, index: int = 0, sig: int = signal.SIGKILL) -> list[int]:
-        """Kill worker ``index`` and the job process it forked at once, like a lost machine.
-
-        Returns every pid signalled (the worker first).
-        """
-        proc = self._procs[index]
-        pids = [proc.pid, *descendants(proc.pid)]
-        for pid in pids:
-            _signal(pid, sig)
-        if sig == signal.SIGKILL:
-            proc.wait(STOP_TIMEOUT)
-            _wait_dead(pids)
-        return pids
-
-    def alive(self) -> list[bool]:
-        return [proc.poll() is None for proc in self._procs]
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM (rq's warm shutdown), then SIGKILL to the worker and everything it forked."""
-        trees = {proc.pid: descendants(proc.pid) for proc in self._procs if proc.poll() is None}
-        for proc in self._procs:
-            if proc.poll() is None:
-                _signal(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for proc in self._procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            pids = [proc.pid, *trees.get(proc.pid, []), *descendants(proc.pid)]
-            for pid in pids:
-                if pid_alive(pid):
-                    _signal(pid, signal.SIGKILL)
-            proc.wait()
-            _wait_dead(pids)
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {path.name}\n{_tail(path, 200)}" for path in self.log_paths)
-
-
 # --------------------------------------------------------------------------- CLI
 
 
 def with_postgres(cmd: Sequence[str]) -> int:
     """Run ``cmd`` with DATABASE_URL pointing at a fresh PostgreSQL; return its exit code."""
+    if not cmd:
+        print("usage: scripts/with-postgres CMD [ARG...]", file=sys.stderr)
+        return 2
     try:
         server = PostgresServer().start()
     except ServerUnavailable as exc:
@@ -612,17 +497,3 @@ def with_postgres(cmd: Sequence[str]) -> int:
     finally:
         server.stop()
 
-
-def main(argv: Sequence[str]) -> int:
-    args = list(argv)
-    if args[:1] != ["with-postgres"] or len(args) < 2:
-        print("usage: servers.py with-postgres CMD [ARG...]", file=sys.stderr)
-        return 2
-    cmd = args[1:]
-    if cmd[0] == "--":
-        cmd = cmd[1:]
-    return with_postgres(cmd)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,134 @@
+"""Real ``manage.py rqworker`` subprocesses for tests (the ``rq_worker`` fixture uses this)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Self
+
+from tests.servers import (
+    START_TIMEOUT,
+    STOP_TIMEOUT,
+    descendants,
+    die_with_parent,
+    log_text,
+    pid_alive,
+    signal_quietly,
+    wait_dead,
+)
+
+
+class RQWorkers:
+    """``count`` real ``manage.py rqworker`` subprocesses, each logging to its own file.
+
+    ``env`` must let them open the test database and Redis (tests/conftest.py builds it).
+    """
+
+    def __init__(
+        self,
+        *,
+        queues: Sequence[str],
+        redis_url: str,
+        env: Mapping[str, str],
+        log_dir: Path,
+        count: int = 1,
+        worker_class: str = "rq.worker.Worker",
+        cwd: Path | None = None,
+    ) -> None:
+        self.queues = list(queues)
+        self.redis_url = redis_url
+        self.env = dict(env)
+        self.log_dir = log_dir
+        self.count = count
+        self.worker_class = worker_class
+        self.cwd = cwd
+        self.names: list[str] = []
+        self.log_paths: list[Path] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self._procs]
+
+    def start(self) -> Self:
+        try:
+            for _ in range(self.count):
+                self._spawn_one()
+            self._wait_registered()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn_one(self) -> None:
+        name = f"nexo-test-{uuid.uuid4().hex[:12]}"
+        log_path = self.log_dir / f"rqworker-{len(self._procs)}-{name}.log"
+        argv = [sys.executable, "-m", "django", "rqworker", *self.queues, "--name", name,
+                "--worker-class", self.worker_class]  # fmt: skip
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=self.env, cwd=self.cwd, start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGTERM),
+            )  # fmt: skip
+        self.names.append(name)
+        self.log_paths.append(log_path)
+        self._procs.append(proc)
+
+    def _wait_registered(self) -> None:
+        import redis
+        from rq import Worker
+
+        wanted = {f"rq:worker:{name}" for name in self.names}
+        with redis.Redis.from_url(self.redis_url) as connection:
+            deadline = time.monotonic() + START_TIMEOUT
+            while not wanted <= set(Worker.all_keys(connection=connection)):
+                for proc, path in zip(self._procs, self.log_paths, strict=True):
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"rqworker exited with {proc.returncode} while starting:\n{log_text(path)}")
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"rqworkers not registered in Redis after {START_TIMEOUT:g}s:\n{self.logs()}")
+                time.sleep(0.05)
+
+    def kill(self, index: int = 0, sig: int = signal.SIGKILL) -> list[int]:
+        """Kill worker ``index`` and the job process it forked at once, like a lost machine.
+
+        Returns every pid signalled (the worker first).
+        """
+        proc = self._procs[index]
+        pids = [proc.pid, *descendants(proc.pid)]
+        for pid in pids:
+            signal_quietly(pid, sig)
+        if sig == signal.SIGKILL:
+            proc.wait(STOP_TIMEOUT)
+            wait_dead(pids)
+        return pids
+
+    def alive(self) -> list[bool]:
+        return [proc.poll() is None for proc in self._procs]
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM (rq's warm shutdown), then SIGKILL to the worker and everything it forked."""
+        trees = {proc.pid: descendants(proc.pid) for proc in self._procs if proc.poll() is None}
+        for proc in self._procs:
+            if proc.poll() is None:
+                signal_quietly(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in self._procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            pids = [proc.pid, *trees.get(proc.pid, []), *descendants(proc.pid)]
+            for pid in pids:
+                if pid_alive(pid):
+                    signal_quietly(pid, signal.SIGKILL)
+            proc.wait()
+            wait_dead(pids)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {path.name}\n{log_text(path, 200)}" for path in self.log_paths)
