@@ -44,8 +44,10 @@ class DecisionForm(forms.Form):
         help_text="Sent to the model with a denial, and kept with the decision.",
         widget=forms.Textarea(attrs={"rows": 2, "cols": 80}),
     )
+    # No max_length here: the editor is pre-filled with the stored arguments, which may be long,
+    # and a plain Approve must not fail on them. The cap applies to edits only (clean()).
     edited_args = forms.CharField(
-        required=False, max_length=EDITED_MAX_CHARS, label="Edited arguments (JSON)", strip=False,
+        required=False, label="Edited arguments (JSON)", strip=False,
         widget=forms.Textarea(attrs={"rows": 10, "cols": 80, "spellcheck": "false", "class": "nexo-json"}),
     )
     #: Digest of the edited arguments shown on the review page; what is confirmed is what was shown.
@@ -64,6 +66,9 @@ class DecisionForm(forms.Form):
         text = data.get("edited_args") or ""
         if not text.strip():
             self.add_error("edited_args", "Write the arguments to approve, as a JSON object.")
+            return data
+        if len(text) > EDITED_MAX_CHARS:
+            self.add_error("edited_args", f"Edited arguments are limited to {EDITED_MAX_CHARS} characters.")
             return data
         try:
             edited = json.loads(text)

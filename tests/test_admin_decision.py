@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from nexo_django.display import json_for_editor
 from nexo_django.models import CallStatus, Decision, RunEvent, RunStatus, ToolCall, args_digest
 from tests.durable_agents import ParallelScribe, Scribe
 from tests.test_admin_support import (
@@ -259,3 +260,15 @@ def test_with_a_redis_queue_the_decision_only_enqueues_the_resume(
     assert not (tmp_path / "notes.txt").exists()  # no tool ran in the web request
     assert dispatch.job_exists(run.pk, run.generation)
     assert "is queued: a worker will continue it" in client.get(response["Location"]).content.decode()
+
+
+def test_scripted_plain_approve_works_with_very_long_arguments(ann: Any, tmp_path: Path) -> None:
+    from nexo_django.testing import ScriptedModel, reply, tool_call
+
+    content = "line\n" * 60_000  # 300 kB: longer than an edit may be
+    run = Scribe.run("long", cwd=tmp_path, model=ScriptedModel([tool_call("write", path="big.txt", content=content),
+                                                                 reply("ok")]))
+    call = run.pending_calls().get()
+    # A browser posts the pre-filled editor too, with every button.
+    decide(client_for(ann), call, "approve", edited_args=json_for_editor(call.args))
+    assert (tmp_path / "big.txt").read_text() == content
