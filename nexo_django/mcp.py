@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import json
 import logging
 import math
 import os
 import re
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from jsonschema import Draft202012Validator
 from referencing import Registry
 
+from . import mcp_io
 from .errors import ConfigurationError, ToolArgumentError
 from .tools.base import Limits, Tool, ToolContext, ToolResult, error
 
@@ -42,67 +42,8 @@ SEPARATOR = "__"
 #: Names no MCP tool may take unqualified, whatever the mode attaches: the contract tool names.
 BUILTIN_NAMES = frozenset({"read", "glob", "write", "shell", "fetch", "search"})
 
-_REFERENCE = re.compile(r"\$\{([^}]*)\}")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_MAX_LIST_PAGES = 50
-#: Resolved secrets shorter than this are not scrubbed from results: they would mangle text.
-_MIN_SECRET = 4
 #: How long close() waits for a session (and its child process) to wind down.
 _CLOSE_WAIT = 15.0
-
-
-def _check_references(owner: str, what: str, values: Mapping[str, str]) -> dict[str, str]:
-    if not isinstance(values, Mapping):
-        raise ConfigurationError(f"{owner}: {what} must be a dict of strings")
-    checked: dict[str, str] = {}
-    for key, value in values.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise ConfigurationError(f"{owner}: {what} keys and values must be strings (see {key!r})")
-        for ref in _REFERENCE.findall(value):
-            target = ref.removeprefix("settings:")
-            if not _ENV_NAME.fullmatch(target):
-                raise ConfigurationError(
-                    f"{owner}: {what}[{key!r}] has a bad reference ${{{ref}}}; "
-                    "write ${ENV_VAR} or ${settings:NAME}"
-                )
-        checked[key] = value
-    return checked
-
-
-def _resolve(owner: str, what: str, key: str, template: str, secrets: set[str]) -> str:
-    """Fill ``${ENV_VAR}`` and ``${settings:NAME}`` in; each filled-in value is a secret."""
-
-    def fill(match: re.Match[str]) -> str:
-        ref = match.group(1)
-        if ref.startswith("settings:"):
-            from django.conf import settings
-
-            name = ref.removeprefix("settings:")
-            value = getattr(settings, name, None) if settings.configured else None
-            if not isinstance(value, str):
-                raise ConfigurationError(
-                    f"{owner}: {what}[{key!r}] refers to settings.{name}, which is not a string setting; define it"
-                )
-        else:
-            value = os.environ.get(ref)
-            if value is None:
-                raise ConfigurationError(
-                    f"{owner}: {what}[{key!r}] refers to the environment variable {ref}, which is not set; set it"
-                )
-        if len(value) >= _MIN_SECRET:
-            secrets.add(value)
-        return value
-
-    return _REFERENCE.sub(fill, template)
-
-
-def _safe_url(url: str) -> str:
-    # Userinfo is a credential: never shown.
-    scheme, sep, rest = url.partition("://")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    return f"{scheme}{sep}{authority}{slash}{path}"
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -165,7 +106,7 @@ class MCPServer:
             "stdio",
             command=command,
             args=tuple(args),
-            env=_check_references(owner, "env", env or {}),
+            env=mcp_io.check_references(owner, "env", env or {}),
             cwd=os.fspath(cwd) if cwd is not None else None,
             timeout=timeout,
             connect_timeout=connect_timeout,
@@ -192,7 +133,7 @@ class MCPServer:
             name,
             "http",
             url=url,
-            headers=_check_references(owner, "headers", headers or {}),
+            headers=mcp_io.check_references(owner, "headers", headers or {}),
             timeout=timeout,
             connect_timeout=connect_timeout,
             prefix=prefix,
@@ -202,7 +143,7 @@ class MCPServer:
         if self.transport == "stdio":
             where = f"command={self.command!r}, args={list(self.args)!r}, env={dict.fromkeys(self.env, '***')!r}"
         else:
-            where = f"url={_safe_url(self.url)!r}, headers={dict.fromkeys(self.headers, '***')!r}"
+            where = f"url={mcp_io.safe_url(self.url)!r}, headers={dict.fromkeys(self.headers, '***')!r}"
         return f"MCPServer.{self.transport}({self.name!r}, {where})"
 
     __str__ = __repr__
@@ -252,7 +193,6 @@ class MCPTool(Tool):
 @dataclass
 class _Session:
     server: MCPServer
-    secrets: set[str]
     #: Set by the holder task once the session is open and its tools are listed.
     listed: concurrent.futures.Future[list[Any]] = field(default_factory=concurrent.futures.Future)
     holder: concurrent.futures.Future[None] | None = None
@@ -280,7 +220,7 @@ class MCPManager:
                 raise ConfigurationError(f"mcp_servers: two servers are named {server.name!r}; names must be unique")
             seen.add(server.name)
         self.reserved = frozenset(reserved) | BUILTIN_NAMES
-        self._secrets: set[str] = set()
+        self.secrets = mcp_io.Secrets()
         self._sessions: dict[str, _Session] = {}
         self._stack = contextlib.ExitStack()
         self._portal: BlockingPortal | None = None
@@ -290,22 +230,6 @@ class MCPManager:
 
     def __repr__(self) -> str:
         return f"<MCPManager servers={[s.name for s in self.servers]!r} open={not self._closed}>"
-
-    # --- secrets ----------------------------------------------------------------------------
-
-    def redact(self, text: str) -> str:
-        for secret in sorted(self._secrets, key=len, reverse=True):
-            text = text.replace(secret, "***")
-        return text
-
-    def _scrub(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.redact(value)
-        if isinstance(value, list):
-            return [self._scrub(v) for v in value]
-        if isinstance(value, dict):
-            return {self._scrub(k): self._scrub(v) for k, v in value.items()}
-        return value
 
     # --- opening and listing ----------------------------------------------------------------
 
@@ -317,7 +241,7 @@ class MCPManager:
         if self._closed:
             raise RuntimeError("this MCPManager is closed; the agent makes a new one for the next run")
         for server in self.servers:
-            self._sessions[server.name] = _Session(server, set())
+            self._sessions[server.name] = _Session(server)
         params = {name: self._parameters(s) for name, s in self._sessions.items()}  # may raise: config
         self._stderr = self._errlog()
         portal = self._open_portal()
@@ -344,13 +268,10 @@ class MCPManager:
         server = session.server
         owner = f"MCP server {server.name!r}"
         if server.transport == "http":
-            headers = {k: _resolve(owner, "headers", k, v, session.secrets) for k, v in server.headers.items()}
-            self._secrets |= session.secrets
-            return headers
+            return self.secrets.fill(owner, "headers", server.headers)
         from mcp.client.stdio import StdioServerParameters
 
-        env = {k: _resolve(owner, "env", k, v, session.secrets) for k, v in server.env.items()}
-        self._secrets |= session.secrets
+        env = self.secrets.fill(owner, "env", server.env)
         return StdioServerParameters(command=server.command, args=list(server.args), env=env, cwd=server.cwd)
 
     def _errlog(self) -> TextIO:
@@ -362,35 +283,14 @@ class MCPManager:
             return self._stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115 - closed with the stack
         return sys.stderr
 
-    @contextlib.asynccontextmanager
-    async def _connect(self, server: MCPServer, params: Any) -> AsyncIterator[Any]:
-        from mcp import Client
-
-        if server.transport == "stdio":
-            from mcp.client.stdio import stdio_client
-
-            async with Client(stdio_client(params, errlog=self._stderr)) as client:
-                yield client
-            return
-        import httpx2
-        from mcp.client.streamable_http import streamable_http_client
-
-        # trust_env=False: a proxy from the environment would see the headers (and the token).
-        timeout = httpx2.Timeout(server.connect_timeout, read=max(server.timeout, server.connect_timeout))
-        async with (
-            httpx2.AsyncClient(headers=params, timeout=timeout, trust_env=False) as http,
-            Client(streamable_http_client(server.url, http_client=http)) as client,
-        ):
-            yield client
-
     async def _hold(self, session: _Session, params: Any) -> None:
         """Own one session for the whole run: open it, list its tools, wait for close()."""
         import anyio
 
         try:
             with anyio.fail_after(session.server.connect_timeout) as scope:
-                async with self._connect(session.server, params) as client:
-                    listed = await _list_tools(client)
+                async with mcp_io.connect(session.server, params, self._stderr) as client:
+                    listed = await mcp_io.list_tools(client)
                     scope.deadline = math.inf  # connected: from here on only close() ends it
                     session.client = client
                     session.stop = anyio.Event()
@@ -433,7 +333,7 @@ class MCPManager:
                 logger.warning("MCP server %r: tool %r skipped: its name %r is taken or too long", server.name, remote.name, name)
                 continue
             schema = dict(remote.input_schema or {"type": "object"})
-            remote_ref = _remote_ref(schema)
+            remote_ref = mcp_io.remote_ref(schema)
             if remote_ref is not None:
                 logger.warning(
                     "MCP server %r: tool %r skipped: its input schema refers to %r; only local references (#...) are followed",
@@ -470,12 +370,12 @@ class MCPManager:
             return error(f"MCP tool {tool.name!r}: server {tool.server!r} is unavailable: {session.failure or 'not connected'}")
         timeout = session.server.timeout
         try:
-            result = self._portal.call(_call_tool, session.client, tool.remote_name, args, timeout)
+            result = self._portal.call(mcp_io.call_tool, session.client, tool.remote_name, args, timeout)
         except TimeoutError:
             return error(f"MCP tool {tool.name!r} timed out after {timeout:g} s")
         except Exception as exc:  # the run goes on
             return error(f"MCP tool {tool.name!r} failed: {self._describe(exc)}")
-        return self._scrub(_convert(tool.name, result, limits or Limits()))
+        return self.secrets.scrub(mcp_io.convert(tool.name, result, limits or Limits()))
 
     def _describe(self, exc: BaseException) -> str:
         while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
@@ -483,7 +383,7 @@ class MCPManager:
         if isinstance(exc, TimeoutError):
             return "timed out"
         text = str(exc) or type(exc).__name__
-        return self.redact(f"{type(exc).__name__}: {text}" if str(exc) else text)
+        return self.secrets.redact(f"{type(exc).__name__}: {text}" if str(exc) else text)
 
     # --- closing ----------------------------------------------------------------------------
 
@@ -506,76 +406,3 @@ class MCPManager:
         finally:
             self._stack.close()  # stops the portal and joins its thread
             self._portal = None
-
-
-def _remote_ref(schema: Any) -> str | None:
-    """The first "$ref" in a schema that points outside it, if any."""
-    if isinstance(schema, dict):
-        ref = schema.get("$ref")
-        if isinstance(ref, str) and not ref.startswith("#"):
-            return ref
-        values: Iterable[Any] = schema.values()
-    elif isinstance(schema, list):
-        values = schema
-    else:
-        return None
-    for value in values:
-        found = _remote_ref(value)
-        if found is not None:
-            return found
-    return None
-
-
-async def _list_tools(client: Any) -> list[Any]:
-    listed: list[Any] = []
-    cursor: str | None = None
-    for _ in range(_MAX_LIST_PAGES):
-        page = await client.list_tools(cursor=cursor)
-        listed.extend(page.tools)
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    return listed
-
-
-async def _call_tool(client: Any, name: str, args: dict[str, Any], timeout: float) -> Any:
-    import anyio
-
-    with anyio.fail_after(timeout):
-        return await client.call_tool(name, args, read_timeout_seconds=timeout)
-
-
-def _block_text(block: Any) -> str:
-    kind = getattr(block, "type", None)
-    if kind == "text":
-        return str(block.text)
-    if kind in ("image", "audio"):
-        return f"[{kind} {block.mime_type}, {len(block.data)} base64 characters not shown]"
-    if kind == "resource_link":
-        return f"[resource {block.uri}]"
-    if kind == "resource":
-        text = getattr(block.resource, "text", None)
-        return str(text) if text is not None else f"[binary resource {block.resource.uri}]"
-    return f"[{kind} content not shown]"
-
-
-def _convert(name: str, result: Any, limits: Limits) -> ToolResult:
-    texts = [_block_text(b) for b in result.content]
-    if result.is_error:
-        return error(f"MCP tool {name!r} reported an error: {' '.join(texts)[: limits.result_max_chars]}")
-    budget = limits.result_max_chars
-    kept: list[str] = []
-    for text in texts:
-        if len(text) > budget:
-            kept.append(text[:budget] + f"\n[truncated: {len(text) - budget} more characters]")
-            break
-        kept.append(text)
-        budget -= len(text)
-    out: ToolResult = {"content": kept}
-    structured = result.structured_content
-    if structured is not None:
-        if len(json.dumps(structured, default=str)) <= limits.result_max_chars:
-            out["structured"] = structured
-        else:
-            out["structured_omitted"] = "larger than the result limit"
-    return out
