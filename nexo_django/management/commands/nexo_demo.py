@@ -238,9 +238,9 @@ class Command(BaseCommand):
             elif not user.has_usable_password():
                 user.set_unusable_password()
             user.save()
-        # May see every run, open the inbox and decide calls; may delete nothing.
+        # May see every run, open the inbox and decide calls; may change or delete nothing else.
         grants = Permission.objects.filter(content_type__app_label="nexo_django").filter(
-            Q(codename__startswith="view_") | Q(codename__startswith="change_") | Q(codename="decide_toolcall")
+            Q(codename__startswith="view_") | Q(codename="decide_toolcall")
         )
         approver.user_permissions.add(*grants)
         return writer, approver
