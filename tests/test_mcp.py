@@ -434,6 +434,17 @@ def test_scripted_arguments_off_the_server_schema_never_reach_the_server(web: HT
     assert result.tool_calls[0].result == {"error": "add: argument a: 'two' is not of type 'integer'"}
 
 
+def test_scripted_server_that_never_answers_is_given_up_and_killed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pid_file = tmp_path / "pid"
+    hang = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+    mute = agent_class(MCPServer.stdio("mute", sys.executable, ["-c", hang, str(pid_file)], connect_timeout=1))
+    with caplog.at_level(logging.WARNING, logger="nexo_django.mcp"):
+        result, _, _ = run(mute, [reply("ok")])
+    assert result.content == "ok"
+    assert "MCP server 'mute' is unavailable, its tools are not attached: timed out" in caplog.text
+    assert not pid_alive(int(pid_file.read_text()))
+
+
 # --- names -------------------------------------------------------------------------------------
 
 
