@@ -192,3 +192,12 @@ def test_model_text_is_escaped_and_hidden_characters_are_shown(example: Path) ->
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "\u202e" not in page
     assert "U+202E" in page
+
+
+def test_the_examples_frame_overrides_the_librarys_base_template(settings: Any) -> None:
+    settings.TEMPLATES = [{**settings.TEMPLATES[0], "DIRS": [Path("example_project/templates").resolve()]}]
+    _, client = login("ada")
+    run = start(client)
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "nexo_django example" in page and 'action="/accounts/logout/"' in page  # the override's nav
+    assert 'data-status="suspended"' in page  # the library's run page inside it
