@@ -396,7 +396,11 @@ class MCPManager:
         try:
             if portal is not None:
                 for session in self._sessions.values():
-                    if session.stop is not None and session.holder is not None and not session.holder.done():
+                    if session.holder is None or session.holder.done():
+                        continue
+                    if session.stop is None:
+                        session.holder.cancel()  # still connecting: stop trying
+                    else:
                         with contextlib.suppress(Exception):
                             portal.call(session.stop.set)
                 holders = [s.holder for s in self._sessions.values() if s.holder is not None]
