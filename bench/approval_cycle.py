@@ -1,0 +1,121 @@
+"""Benchmark 1: the approval cycle, in process, on SQLite or PostgreSQL.
+
+One cycle: ``Scribe.run()`` (a durable run whose scripted model asks for a gated write) →
+suspended → ``call.approve()`` → the inline queue resumes it at commit → the write runs → the
+scripted model's final answer → done. Timed end to end, per cycle.
+
+    python -m bench.approval_cycle --db sqlite|postgres [--cycles N] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    DATABASES,
+    counting,
+    database_url,
+    db_label,
+    figure,
+    median,
+    ms,
+    note,
+    p95,
+    profile,
+    row_bytes,
+    scratch,
+    setup_django,
+    stored_bytes,
+)
+
+WARMUP = 10
+COUNTED = 5
+
+
+def one_cycle(agent: Any, workspace: Path, user: Any) -> Any:
+    cwd = workspace if agent.sandbox == "local" else None
+    run = agent.run("Write 'hi' to notes.txt", cwd=cwd, user=user)
+    if run.status != "suspended":
+        raise RuntimeError(f"expected a suspended run, got {run.status}: {run.error}")
+    call = run.pending_calls().get()
+    call.approve(by=user)
+    run.refresh_from_db()
+    if run.status != "done":
+        raise RuntimeError(f"expected a done run, got {run.status}: {run.error}")
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--db", choices=DATABASES, default="sqlite")
+    parser.add_argument(
+        "--sandbox", choices=["virtual", "local"], default="virtual",
+        help="virtual: the write lands in the run's in-memory files; local: a real file, fsynced",
+    )  # fmt: skip
+    parser.add_argument("--cycles", type=int, default=300)
+    parser.add_argument("--profile", action="store_true", help="cProfile 50 cycles and print the top")
+    args = parser.parse_args()
+
+    setup_django(database_url(args.db))
+    from django.contrib.auth import get_user_model
+
+    from bench.agents import VirtualScribe
+    from tests.durable_agents import Scribe
+
+    agent = Scribe if args.sandbox == "local" else VirtualScribe
+
+    user = get_user_model().objects.create_superuser("bench", "bench@example.invalid", "bench")
+    root = scratch() / "workspaces"
+    root.mkdir()
+    total = WARMUP + args.cycles + COUNTED
+    workspaces = [root / f"w{i}" for i in range(total + 50)]
+    for directory in workspaces:
+        directory.mkdir()
+    spaces = iter(workspaces)
+
+    if args.profile:
+        print(profile(lambda: [one_cycle(agent, next(spaces), user) for _ in range(50)], top=40))
+        print(profile(lambda: [one_cycle(agent, next(spaces), user) for _ in range(50)], top=40, sort="tottime"))
+        return
+
+    for _ in range(WARMUP):
+        one_cycle(agent, next(spaces), user)
+
+    before = stored_bytes()
+    times: list[int] = []
+    cpu: list[int] = []  # this process's CPU time: steadier than wall time on a busy machine
+    run = None
+    for _ in range(args.cycles):
+        workspace = next(spaces)
+        start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
+        run = one_cycle(agent, workspace, user)
+        cpu.append(time.process_time_ns() - start_cpu)
+        times.append(time.perf_counter_ns() - start)
+    disk_per_run = (stored_bytes() - before) / args.cycles
+    assert run is not None
+    rows = row_bytes(run.pk)
+
+    # Counted apart: the execute wrapper costs time of its own.
+    per_cycle: list[tuple[int, int, int, int]] = []
+    for _ in range(COUNTED):
+        with counting() as counts:
+            one_cycle(agent, next(spaces), user)
+        per_cycle.append((counts.queries, counts.writes, counts.transactions, counts.write_transactions))
+    queries, writes, transactions, write_transactions = max(per_cycle)
+    if len(set(per_cycle)) != 1:
+        note(f"query counts differ between cycles: {per_cycle}")
+
+    figure(
+        "approval_cycle", db=db_label(), sandbox=args.sandbox, cycles=args.cycles,
+        median_ms=ms(median(times)), p95_ms=ms(p95(times)), cpu_median_ms=ms(median(cpu)),
+        queries=queries, writes=writes, transactions=transactions, write_transactions=write_transactions,
+        row_bytes_per_run=sum(rows.values()), disk_bytes_per_run=round(disk_per_run),
+    )  # fmt: skip
+    figure("approval_cycle_rows", db=db_label(), sandbox=args.sandbox, **{f"{name}_bytes": size for name, size in rows.items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""`make bench`: run every benchmark, print the figures, compare them with the targets, and write
+bench/results/latest.txt. Numbers never fail the run; only a benchmark that crashes does.
+
+Starts one throwaway PostgreSQL for all of them (the queue benchmark starts its own Redis), both
+on 127.0.0.1 through tests/servers.py, and stops them at the end.
+
+    .venv/bin/python bench/run.py [--quick] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.targets import TARGETS, evaluate, parse  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "latest.txt"
+STEP_TIMEOUT = 300  # seconds; a benchmark that hangs is stopped and reported
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    args: list[str]
+    quick: list[str]
+
+
+STEPS = [
+    Step("approval_cycle_sqlite", ["bench.approval_cycle", "--db", "sqlite"], ["--cycles", "30"]),
+    Step("approval_cycle_sqlite_wal", ["bench.approval_cycle", "--db", "sqlite-wal"], ["--cycles", "30"]),
+    Step("approval_cycle_sqlite_nosync", ["bench.approval_cycle", "--db", "sqlite-nosync"], ["--cycles", "30"]),
+    Step("approval_cycle_postgres", ["bench.approval_cycle", "--db", "postgres"], ["--cycles", "30"]),
+    Step("loop_overhead", ["bench.loop_overhead"], ["--runs", "5"]),
+    Step("through_queue", ["bench.through_queue"], ["--samples", "10", "--runs", "20"]),
+    Step("inbox_sqlite", ["bench.inbox", "--db", "sqlite"], ["--sizes", "1000,10000", "--renders", "3"]),
+    Step("inbox_postgres", ["bench.inbox", "--db", "postgres"], ["--sizes", "1000,10000", "--renders", "3"]),
+]
+
+
+def version_of(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def command_version(argv: list[str], pattern: str) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False).stdout
+    except OSError:
+        return "absent"
+    found = re.search(pattern, out)
+    return found.group(1) if found else "unknown"
+
+
+def git_revision() -> str:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    revision = git("rev-parse", "--short", "HEAD") or "unknown"
+    return revision + ("+dirty" if git("status", "--porcelain", "--", "nexo_django") else "")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def memory_gib() -> str:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return f"{int(line.split()[1]) / 1024 / 1024:.1f}"
+    except OSError:
+        pass
+    return "unknown"
+
+
+def load() -> str:
+    try:
+        return "/".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def header(pg_bin: str) -> list[str]:
+    import sqlite3
+
+    from tests.servers import find_redis_server
+
+    try:
+        redis_server = find_redis_server()
+    except Exception:
+        redis_server = "redis-server"
+    return [
+        f"run date={datetime.now(UTC).isoformat(timespec='seconds')} revision={git_revision()}",
+        "versions " + " ".join([
+            f"python={platform.python_version()}",
+            f"django={version_of('django')}",
+            f"django_rq={version_of('django-rq')}",
+            f"rq={version_of('rq')}",
+            f"redis_py={version_of('redis')}",
+            f"psycopg={version_of('psycopg')}",
+            f"sqlite={sqlite3.sqlite_version}",
+            f"postgresql={command_version([os.path.join(pg_bin, 'postgres'), '--version'], r'(\d+\.\d+)')}",
+            f"redis_server={command_version([redis_server, '--version'], r'v=(\S+)')}",
+            f"nexo_django={version_of('nexo-django')}",
+        ]),
+        "machine " + " ".join([
+            f"os={platform.system()}-{platform.release()}",
+            f"arch={platform.machine()}",
+            f"cpu={cpu_model().replace(' ', '_')}",
+            f"cores={os.cpu_count()}",
+            f"memory_gib={memory_gib()}",
+            f"load_at_start={load()}",
+        ]),
+    ]  # fmt: skip
+
+
+def run_step(step: Step, quick: bool, env: dict[str, str], emit: Callable[[str], None]) -> tuple[bool, float]:
+    argv = [sys.executable, "-m", *step.args, *(step.quick if quick else [])]
+    print(f"\n== {step.name}: {' '.join(argv[1:])}", flush=True)
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    timed_out = threading.Event()
+
+    def stop() -> None:
+        timed_out.set()
+        os.killpg(proc.pid, signal.SIGTERM)  # its servers' atexit hooks and PDEATHSIG clean up
+
+    timer = threading.Timer(STEP_TIMEOUT, stop)
+    timer.start()
+    try:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            print(line, flush=True)
+            if line.startswith("figure="):
+                emit(line)
+        proc.wait()
+    finally:
+        timer.cancel()
+    if timed_out.is_set():
+        print(f"!! {step.name} ran longer than {STEP_TIMEOUT}s and was stopped", flush=True)
+    elif proc.returncode:
+        print(f"!! {step.name} exited with {proc.returncode}", flush=True)
+    return proc.returncode == 0 and not timed_out.is_set(), time.monotonic() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test, not figures")
+    parser.add_argument("--only", action="append", choices=[s.name for s in STEPS], help="run only these steps")
+    args = parser.parse_args()
+
+    from tests.servers import PostgresServer, find_pg_bin
+
+    started = time.monotonic()
+    lines = header(str(find_pg_bin()))
+    for line in lines:
+        print(line)
+    figures: list[str] = []
+    failed: list[str] = []
+    durations: list[str] = []
+    with PostgresServer(database="bench") as postgres:
+        env = {**os.environ, "BENCH_PG_URL": postgres.url, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        env.pop("DJANGO_SETTINGS_MODULE", None)
+        for step in STEPS:
+            if args.only and step.name not in args.only:
+                continue
+            ok, seconds = run_step(step, args.quick, env, figures.append)
+            durations.append(f"{step.name}={seconds:.0f}s")
+            if not ok:
+                failed.append(step.name)
+
+    verdicts = evaluate(parse(figures))
+    total = time.monotonic() - started
+    footer = [
+        "steps " + " ".join(durations) + f" total={total:.0f}s load_at_end={load()}"
+        + (" quick=yes" if args.quick else ""),
+        *(f"failed step={name}" for name in failed),
+    ]
+    print("\n== targets")
+    for line in verdicts:
+        print(line)
+    print("\n" + "\n".join(footer))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text("\n".join([*lines, *figures, *verdicts, *footer]) + "\n")
+    print(f"\nwritten: {RESULTS.relative_to(ROOT)} ({len(TARGETS)} targets, {len(figures)} figures)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Django settings for the benchmarks.
+
+BENCH_DB_URL: ``sqlite:////abs/path.sqlite3`` (Django's default SQLite options: rollback
+journal, full sync; ``?init_command=...`` sets PRAGMAs) or ``postgres://user@127.0.0.1:PORT/NAME`` (a server bench/run.py started).
+Unset: a SQLite file in a fresh temporary directory.
+BENCH_REDIS_URL: the "default" queue uses that Redis (real workers); unset, it runs jobs inline
+at commit with no Redis (DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+SECRET_KEY = "bench-only-not-secret"
+DEBUG = False  # production-like: cached templates, no query log unless a benchmark captures it
+USE_TZ = True
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
+ROOT_URLCONF = "bench.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # users are made, not logged in by password
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_rq",
+    "nexo_django",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+STATIC_URL = "/static/"
+
+
+def _database(url: str) -> dict[str, Any]:
+    parts = urlsplit(url)
+    if parts.scheme in ("postgres", "postgresql"):
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(parts.path.lstrip("/")),
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+        }
+    if parts.scheme == "sqlite":
+        # Query parameters become OPTIONS, e.g. ?init_command=PRAGMA%20journal_mode%3DWAL
+        database = {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parts.path[1:])}
+        if parts.query:
+            database["OPTIONS"] = dict(parse_qsl(parts.query))
+        return database
+    raise ValueError(f"BENCH_DB_URL {url!r}: use sqlite:////path or postgres://user@host:port/name")
+
+
+DATABASES = {
+    "default": _database(
+        os.environ.get("BENCH_DB_URL")
+        or "sqlite:///" + os.path.join(tempfile.mkdtemp(prefix="nexo-bench-"), "bench.sqlite3")
+    )
+}
+
+_REDIS_URL = os.environ.get("BENCH_REDIS_URL")
+RQ_QUEUES: dict[str, dict[str, Any]] = {"default": {"URL": _REDIS_URL} if _REDIS_URL else {"ASYNC": False}}
+
+NEXO: dict[str, Any] = {}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "root": {"level": "WARNING"},
+}

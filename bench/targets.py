@@ -1,0 +1,87 @@
+"""The targets of the issue, and where the figures stand against them (stated in bench/README.md).
+
+A verdict line reads ``target=NAME value=... limit=... met=yes|no`` plus the figure it judged.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Figure = dict[str, str]
+
+
+def parse(lines: list[str]) -> list[Figure]:
+    figures = []
+    for line in lines:
+        pairs = (item.split("=", 1) for item in line.split() if "=" in item)
+        figures.append({key: value for key, value in pairs})
+    return figures
+
+
+def number(value: str) -> float:
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    select: dict[str, str]  # the figures it judges: these key=value must match
+    key: str
+    op: str  # "<=" or ">="
+    limit: float
+    #: What else must be shown beside the value (e.g. the worker class).
+    labels: tuple[str, ...] = ()
+
+    def check(self, value: float) -> bool:
+        compare: Callable[[Any, Any], bool] = operator.le if self.op == "<=" else operator.ge
+        return compare(value, self.limit)
+
+
+#: "flat" is read as: turn 200 costs at most 25% more than turn 10.
+FLAT_GROWTH = 1.25
+
+TARGETS = [
+    Target("approval_cycle_sqlite_median_ms", {"figure": "approval_cycle", "db": "sqlite"}, "median_ms", "<=", 6),
+    Target("loop_us_per_turn", {"figure": "loop_overhead", "model": "flat_scripted"}, "us_per_turn", "<=", 200),
+    Target("loop_turn200_over_turn10", {"figure": "loop_overhead", "model": "flat_scripted"}, "growth", "<=",
+           FLAT_GROWTH),
+    Target("queue_approve_to_done_over_noop", {"figure": "queue_latency"}, "ratio", "<=", 1.5, ("worker_class",)),
+    Target("queue_throughput_over_noop", {"figure": "queue_throughput"}, "ratio", ">=", 0.5, ("worker_class",)),
+    Target("inbox_median_ms_at_100k", {"figure": "inbox_page", "pending": "100000"}, "median_ms", "<=", 150,
+           ("db",)),
+    Target("decision_median_ms_at_100k", {"figure": "decision_page", "pending": "100000"}, "median_ms", "<=", 150,
+           ("db",)),
+]  # fmt: skip
+
+#: Pages whose query count must be the same at 1k and at 100k pending calls.
+SAME_QUERIES = ("inbox_page", "decision_page")
+
+
+def evaluate(figures: list[Figure]) -> list[str]:
+    lines: list[str] = []
+    for target in TARGETS:
+        matching = [f for f in figures if all(f.get(k) == v for k, v in target.select.items())]
+        if not matching:
+            lines.append(f"target={target.name} limit{target.op}{target.limit:g} met=not_measured")
+        for f in matching:
+            value = number(f[target.key])
+            labels = "".join(f" {label}={f.get(label, '-')}" for label in target.labels)
+            lines.append(
+                f"target={target.name}{labels} value={f[target.key]} limit{target.op}{target.limit:g} "
+                f"met={'yes' if target.check(value) else 'no'}"
+            )
+    for page in SAME_QUERIES:
+        for db in sorted({f.get("db", "") for f in figures if f.get("figure") == page}):
+            counts = {f["pending"]: f["queries"] for f in figures if f.get("figure") == page and f.get("db") == db}
+            small, large = counts.get("1000"), counts.get("100000")
+            if small is None or large is None:
+                lines.append(f"target={page}_same_queries db={db} met=not_measured")
+                continue
+            lines.append(
+                f"target={page}_same_queries db={db} value={small}@1k,{large}@100k "
+                f"met={'yes' if small == large else 'no'}"
+            )
+    return lines
