@@ -7,6 +7,7 @@ it instead (``admin.site.unregister(PendingApproval); admin.site.register(Pendin
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ from django.views.decorators.clickjacking import xframe_options_deny
 
 from . import admin_views, runs
 from .admin_forms import DecisionForm
-from .display import preview, reveal
+from .display import mark_hidden, preview, reveal
 from .models import AgentRun, CallStatus, Decision, PendingApproval, RunEvent, RunMessage, ToolCall
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class AgentFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: ModelAdmin[Any]) -> list[tuple[str, str]]:
         paths = model_admin.get_queryset(request).order_by().values_list(self.field, flat=True).distinct()
-        return sorted(((p, p.rsplit(".", 1)[-1]) for p in paths), key=lambda item: item[1])
+        return sorted(((p, mark_hidden(p.rsplit(".", 1)[-1])) for p in paths), key=lambda item: item[1])
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
@@ -77,9 +78,15 @@ class AgeFilter(admin.SimpleListFilter):
 
 
 class ToolFilter(AllValuesFieldListFilter):
+    """Tool names come from MCP servers too: listed with their hidden characters shown."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.title = "tool"
+
+    def choices(self, changelist: Any) -> Iterator[dict[str, Any]]:
+        for choice in super().choices(changelist):
+            yield {**choice, "display": mark_hidden(choice["display"])}
 
 
 # --- shared pieces ---------------------------------------------------------------------------------

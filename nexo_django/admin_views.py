@@ -31,6 +31,7 @@ from .display import (
     json_diff,
     json_for_editor,
     long_strings,
+    mark_hidden,
     message_view,
     pretty_json,
     preview,
@@ -141,21 +142,24 @@ def decision_view(model_admin: PendingApprovalAdmin, request: HttpRequest, objec
             form = model_admin.get_decision_form(request, call, initial={
                 "digest": call.digest, "note": form.cleaned_data.get("note", ""), "edited_args": text,
             })
+            return _decision_page(model_admin, request, call, form, editing=True)
     if form is None:
         form = model_admin.get_decision_form(
             request, call, initial={"digest": call.digest, "edited_args": json_for_editor(call.args)}
         )
-    return _decision_page(model_admin, request, call, form)
+    return _decision_page(model_admin, request, call, form, editing=form.is_bound)
 
 
-def _decision_page(model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, form: Any) -> HttpResponse:
+def _decision_page(
+    model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, form: Any, *, editing: bool = False
+) -> HttpResponse:
     run = call.run
     other = [
         {"url": model_admin.call_url(c.pk), "name": reveal(c.name), "preview": preview(c.args)}
         for c in model_admin.get_other_pending(request, call)
     ]
     context = {
-        **_base_context(model_admin, request, f"Decide: {call.name} in {run.agent_name} run {str(run.pk)[:8]}", call),
+        **_base_context(model_admin, request, mark_hidden(f"Decide: {call.name} in {run.agent_name} run {str(run.pk)[:8]}"), call),
         "call": call,
         "run": run,
         "run_link": model_admin.run_link(run.pk),
@@ -167,6 +171,7 @@ def _decision_page(model_admin: PendingApprovalAdmin, request: HttpRequest, call
         "hidden_count": count_hidden(pretty_json(call.args), keep="\n"),
         "long_strings": long_strings(call.args),
         "form": form,
+        "editing": editing,
         "other_pending": other,
         **transcript_context(model_admin, request, run),
     }
@@ -178,7 +183,7 @@ def _review_page(
 ) -> HttpResponse:
     edited = data["args"]
     context = {
-        **_base_context(model_admin, request, f"Review edited arguments of {call.name}", call),
+        **_base_context(model_admin, request, mark_hidden(f"Review edited arguments of {call.name}"), call),
         "call": call,
         "tool_name": reveal(call.name),
         "diff": json_diff(call.args, edited),
@@ -207,13 +212,10 @@ def _decide(
             stop=action == DENY_STOP, digest=data["digest"], source="admin",
         )
     except AlreadyDecided as exc:
-        messages.warning(request, f"Nothing changed: {exc}.")
+        messages.warning(request, f"Nothing changed: {mark_hidden(exc)}.")
         return HttpResponseRedirect(_changelist_url(model_admin))
-    except StaleDecision as exc:
-        messages.error(request, f"Nothing changed: {exc}.")
-        return HttpResponseRedirect(here)
-    except InvalidEditedArguments as exc:
-        messages.error(request, f"Nothing changed: {exc}")
+    except (StaleDecision, InvalidEditedArguments) as exc:
+        messages.error(request, f"Nothing changed: {mark_hidden(exc)}")
         return HttpResponseRedirect(here)
     verb = {APPROVE: "Approved", APPROVE_EDITED: "Approved with edited arguments", DENY_STOP: "Denied (run stopped)"}
     messages.success(request, format_html(
@@ -238,7 +240,7 @@ def _selected_calls(
     missing = selected - {str(c.pk) for c in calls}
     if missing:
         gone = ToolCall.objects.filter(pk__in=missing).order_by("id")
-        names = ", ".join(f"{c.name} {c.tool_call_id} ({c.status})" for c in gone) or ", ".join(sorted(missing))
+        names = mark_hidden(", ".join(f"{c.name} {c.tool_call_id} ({c.status})" for c in gone) or ", ".join(sorted(missing)))
         messages.error(request, f"Nothing was decided: {names} is no longer waiting for a decision. Reload and try again.")
         return None
     return calls
@@ -255,7 +257,7 @@ def _decide_all_or_nothing(
                             source="admin-bulk")
     except TransitionError as exc:
         # The whole transaction rolled back: no decision, no wake-up was sent.
-        messages.error(request, f"Nothing was decided: {exc}.")
+        messages.error(request, f"Nothing was decided: {mark_hidden(exc)}")
         return
     verb = "Approved" if approved else "Denied"
     run_ids = list(dict.fromkeys(c.run_id for c in calls))
@@ -277,7 +279,7 @@ def bulk_decide(
     if approved and unseen:
         messages.error(request, format_html(
             "Nothing was approved: {} was not shown on this page. Approve only calls you can see.",
-            ", ".join(f"{c.name} {c.tool_call_id}" for c in unseen[:5]) + (" …" if len(unseen) > 5 else ""),
+            mark_hidden(", ".join(f"{c.name} {c.tool_call_id}" for c in unseen[:5])) + (" …" if len(unseen) > 5 else ""),
         ))
         return None
     _decide_all_or_nothing(model_admin, request, calls, approved=approved, note="", digests=digests)
@@ -396,7 +398,7 @@ def _run_action(model_admin: AgentRunAdmin, request: HttpRequest, run: AgentRun)
             if not ToolCall.objects.filter(run=run, status=CallStatus.OUTCOME_UNKNOWN).exists():
                 runs.retry_run(run, by=request.user)
     except (TransitionError, ValueError) as exc:
-        messages.error(request, f"Nothing changed: {exc}.")
+        messages.error(request, f"Nothing changed: {mark_hidden(exc)}")
         return HttpResponseRedirect(here)
     messages.success(request, where_it_went(model_admin, [run.pk]))
     return HttpResponseRedirect(here)

@@ -64,6 +64,12 @@ def reveal(text: Any, *, keep: str = "\n\t") -> SafeString:
     return mark_safe("".join(parts))  # noqa: S308
 
 
+def mark_hidden(text: Any, *, keep: str = "") -> str:
+    """Plain text with hidden characters replaced by ``⟦U+XXXX⟧``, for places that take no HTML
+    (page titles, messages built from exception text). Still to be escaped by the template."""
+    return "".join(f"⟦U+{ord(c):04X}⟧" if is_hidden(c, keep=keep) else c for c in str(text))
+
+
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 

@@ -250,3 +250,9 @@ class PendingApproval(ToolCall):
         proxy = True
         verbose_name = "pending approval"
         verbose_name_plural = "pending approvals"
+
+    def __str__(self) -> str:
+        # The admin puts this in attributes and messages; names come from models and MCP servers.
+        from .display import mark_hidden
+
+        return mark_hidden(f"{self.name} {self.tool_call_id} ({self.status})")

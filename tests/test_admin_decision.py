@@ -272,3 +272,10 @@ def test_scripted_plain_approve_works_with_very_long_arguments(ann: Any, tmp_pat
     # A browser posts the pre-filled editor too, with every button.
     decide(client_for(ann), call, "approve", edited_args=json_for_editor(call.args))
     assert (tmp_path / "big.txt").read_text() == content
+
+
+def test_back_to_editing_opens_the_editor(ann: Any, scribe_call: ToolCall) -> None:
+    client = client_for(ann)
+    assert "<details open>" not in client.get(decision_url(scribe_call)).content.decode()
+    response = decide(client, scribe_call, "back", edited_args=edited(path="notes.txt", content="draft"))
+    assert "<details open>" in response.content.decode()

@@ -118,3 +118,25 @@ def test_editor_json_round_trips_hidden_characters() -> None:
     text = json_for_editor(value)
     assert all(not is_hidden(c) for c in text if c != "\n")
     assert json.loads(text) == value
+
+
+def test_hostile_tool_name_and_call_id_never_reach_a_page_raw() -> None:
+    """An MCP server names its tools and a provider names its calls: neither is trusted."""
+    from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+
+    from nexo_django.models import RunStatus, args_digest
+    from tests.test_admin_support import ZWSP
+
+    run = AgentRun.objects.create(agent="tests.test_admin_support.HostileScribe", prompt="p", status=RunStatus.SUSPENDED)
+    call = ToolCall.objects.create(
+        run=run, tool_call_id=f"call{ZWSP}1", name=f"wr{RLO}ite", capability="mcp", args={},
+        digest=args_digest({}), status="pending_approval",
+    )
+    client = client_for(approver())
+    for html in pages(client, call).values():
+        assert RLO not in html and ZWSP not in html
+        assert "⟦U+202E⟧" in html
+    call.deny(note="decided elsewhere")
+    response = csrf_post(client, INBOX, {"action": "deny_selected", "confirm": "yes", ACTION_CHECKBOX_NAME: [call.pk]})
+    html = client.get(response["Location"]).content.decode()
+    assert "Nothing was decided" in html and "wr⟦U+202E⟧ite" in html and RLO not in html
