@@ -84,9 +84,10 @@ class ToolFilter(AllValuesFieldListFilter):
         super().__init__(*args, **kwargs)
         self.title = "tool"
 
-    def choices(self, changelist: Any) -> Iterator[dict[str, Any]]:
+    def choices(self, changelist: Any) -> Iterator[Any]:
         for choice in super().choices(changelist):
-            yield {**choice, "display": mark_hidden(choice["display"])}
+            choice["display"] = mark_hidden(choice["display"])
+            yield choice
 
 
 # --- shared pieces ---------------------------------------------------------------------------------
