@@ -215,18 +215,24 @@ class Agent:
             attached.append(SEARCH)
         return attached
 
+    def local_tools(self) -> dict[str, Tool]:
+        """The attached built-in tools and the agent's own: everything but MCP (no server started)."""
+        tools: dict[str, Tool] = {t.name: t for t in self.builtin_tools()}
+        for extra in type(self).tools:
+            if not isinstance(extra, Tool):
+                raise ConfigurationError(
+                    f"{type(self).__name__}.tools: {extra!r} is not a tool; decorate it with @nexo_django.tool"
+                )
+            if extra.name in tools:
+                raise ConfigurationError(f"{type(self).__name__}.tools: a tool named {extra.name!r} exists already")
+            if extra.capability == "mcp" or not self.gate.never_allows(extra.capability):
+                tools[extra.name] = extra
+        return tools
+
     def toolset(self) -> dict[str, Tool]:
+        """What the model sees: :meth:`local_tools` plus the MCP servers' tools (starts them)."""
         if self._toolset is None:
-            tools: dict[str, Tool] = {t.name: t for t in self.builtin_tools()}
-            for extra in type(self).tools:
-                if not isinstance(extra, Tool):
-                    raise ConfigurationError(
-                        f"{type(self).__name__}.tools: {extra!r} is not a tool; decorate it with @nexo_django.tool"
-                    )
-                if extra.name in tools:
-                    raise ConfigurationError(f"{type(self).__name__}.tools: a tool named {extra.name!r} exists already")
-                if extra.capability == "mcp" or not self.gate.never_allows(extra.capability):
-                    tools[extra.name] = extra
+            tools = self.local_tools()
             for mcp_tool in self._list_mcp_tools():
                 tools[mcp_tool.name] = mcp_tool
             self._toolset = tools

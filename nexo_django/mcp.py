@@ -21,9 +21,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from jsonschema import Draft202012Validator
-from referencing import Registry
-
 from . import mcp_io
 from .errors import ConfigurationError, ToolArgumentError
 from .tools.base import Limits, Tool, ToolContext, ToolResult, error
@@ -165,9 +162,6 @@ class MCPTool(Tool):
         idempotent: bool,
     ) -> None:
         super().__init__(name, description, parameters, capability="mcp", idempotent=idempotent)
-        # An explicit registry: jsonschema would otherwise GET any remote "$ref" a server puts
-        # in its schema, with no timeout, at every validation.
-        self._validator = Draft202012Validator(parameters, registry=Registry())
         self.server = server
         self.remote_name = remote_name
         self._manager = manager

@@ -240,12 +240,14 @@ def execute_run(run_id: str, *, agent: Agent | None = None) -> str:
 
 
 def _check_edited(run: AgentRun, call: ToolCall, args: Any) -> None:
-    agent = build_agent(run)
-    tool = agent.toolset().get(call.name) if call.capability != "mcp" else None
     if call.capability == "mcp":
+        # The server's schema validates them when the call runs; starting servers here would
+        # run programs inside a web request.
         if not isinstance(args, dict):
             raise InvalidEditedArguments("edited arguments must be a JSON object")
         return
+    agent = build_agent(run)
+    tool = agent.local_tools().get(call.name)
     if tool is None:
         raise InvalidEditedArguments(f"the agent has no tool {call.name!r} any more")
     try:

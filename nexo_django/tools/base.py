@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
+from referencing import Registry
 
 from ..errors import ApprovalRequired, Denied, SecurityError, ToolArgumentError
 from ..permissions import CAPABILITIES, Permissions
@@ -102,7 +103,9 @@ class Tool:
         self._run = run
         self._detail = detail
         Draft202012Validator.check_schema(parameters)
-        self._validator = Draft202012Validator(parameters)
+        # An explicit, empty registry: jsonschema would otherwise GET any remote "$ref" in a
+        # schema, with no timeout, at every validation.
+        self._validator = Draft202012Validator(parameters, registry=Registry())
 
     def __repr__(self) -> str:
         return f"<Tool {self.name} capability={self.capability}>"
