@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
 from referencing import Registry
+from referencing.exceptions import Unresolvable
 
 from ..errors import ApprovalRequired, Denied, SecurityError, ToolArgumentError
 from ..permissions import CAPABILITIES, Permissions
@@ -116,7 +117,12 @@ class Tool:
     def validate(self, args: Any) -> dict[str, Any]:
         if not isinstance(args, dict):
             raise ToolArgumentError(f"{self.name}: arguments must be a JSON object, got {type(args).__name__}")
-        problems = sorted(self._validator.iter_errors(args), key=lambda e: list(e.path))
+        try:
+            problems = sorted(self._validator.iter_errors(args), key=lambda e: list(e.path))
+        except Unresolvable as exc:
+            raise ToolArgumentError(
+                f"{self.name}: its input schema cannot be checked: it refers to {exc.ref!r}, which is never fetched"
+            ) from exc
         if problems:
             first = problems[0]
             where = ".".join(str(p) for p in first.path) or "arguments"
