@@ -13,6 +13,8 @@ import contextlib
 import http.server
 import ipaddress
 import socket
+import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -39,6 +41,8 @@ OUTSIDE: list[tuple[str, Any]] = []
 def _is_loopback(host: Any) -> bool:
     if isinstance(host, bytes):
         host = host.decode("ascii", "replace")
+    if host == "localhost":  # another test's server thread may look it up while we are armed
+        return True
     try:
         ip = ipaddress.ip_address(str(host).split("%", 1)[0])
     except ValueError:
@@ -476,6 +480,42 @@ def test_a_followed_redirect_reports_the_final_url(site: Site) -> None:
         site.url("/old"), allow=["site.test"], limits=site.limits(fetch_allow_private=True), resolver=loopback_dns()
     )
     assert (result["url"], result["text"], result["redirects"]) == (site.url("/new"), "moved here", [site.url("/new")])
+
+
+def test_tls_keeps_the_hostname_for_sni_and_certificate_checks(tmp_path: Any) -> None:
+    # A self-signed certificate for site.test: the guard connects to 127.0.0.1, but the TLS
+    # handshake names site.test and the certificate is verified (and here refused).
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    command = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    command += ["-subj", "/CN=site.test", "-addext", "subjectAltName=DNS:site.test"]
+    command += ["-keyout", str(key), "-out", str(cert)]
+    try:
+        subprocess.run(command, check=True, capture_output=True, timeout=30)
+    except FileNotFoundError:
+        pytest.fail("this test needs the openssl command: apt-get install openssl", pytrace=False)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    names: list[str | None] = []
+    server_ctx.sni_callback = lambda sock, name, ctx: names.append(name)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve_one() -> None:
+        conn, _ = listener.accept()
+        with contextlib.suppress(ssl.SSLError, OSError):
+            server_ctx.wrap_socket(conn, server_side=True).close()
+        conn.close()
+
+    thread = threading.Thread(target=serve_one, daemon=True)
+    thread.start()
+    try:
+        limits = Limits(fetch_ports=(port,), fetch_allow_private=True, fetch_timeout=5.0)
+        result = guarded_fetch(f"https://site.test:{port}/", allow=["site.test"], limits=limits, resolver=loopback_dns())
+        thread.join(5)
+    finally:
+        listener.close()
+    assert "CERTIFICATE_VERIFY_FAILED" in result["error"]
+    assert names == ["site.test"]
 
 
 # --- 6. deadline, byte cap, hop cap, environment -----------------------------------------------
