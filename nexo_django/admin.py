@@ -93,10 +93,12 @@ class ToolFilter(AllValuesFieldListFilter):
 # --- shared pieces ---------------------------------------------------------------------------------
 
 
-class TranscriptHooks:
-    """Hooks both admins use to show a run."""
+class NexoModelAdmin(admin.ModelAdmin):
+    """What the three admins share: read-only pages, the decide permission, run hooks."""
 
-    admin_site: admin.AdminSite
+    #: Any active staff user may look, read-only. Set False to require Django's view permission
+    #: (``view_pendingapproval``, ``view_agentrun``, ``view_decision``) as well.
+    staff_can_view = True
     #: Messages shown before "show all"; the page loads only these rows.
     transcript_limit = 20
     events_limit = 50
@@ -105,6 +107,29 @@ class TranscriptHooks:
         """Whether the user may decide calls (and settle, cancel or retry runs). Checked in
         every view that changes anything, not only by the admin site."""
         return bool(request.user.has_perm(DECIDE_PERMISSION))
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user = request.user
+        return (
+            self.has_decide_permission(request, obj)
+            or (self.staff_can_view and user.is_active and user.is_staff)
+            or super().has_view_permission(request, obj)
+        )
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    # Nothing is added, edited or deleted here: decisions are immutable, and deleting a run would
+    # delete its decisions with it.
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
     def get_transcript(self, request: HttpRequest, run: AgentRun) -> QuerySet[RunMessage]:
         """The messages of ``run`` a person may read, in order."""
@@ -131,7 +156,7 @@ def _started_by(run: AgentRun) -> str:
 
 
 @admin.register(PendingApproval)
-class PendingApprovalAdmin(TranscriptHooks, admin.ModelAdmin):
+class PendingApprovalAdmin(NexoModelAdmin):
     list_display = ("requested", "agent", "run_column", "tool", "capability", "arguments", "age", "started_by")
     list_display_links = ("requested", "tool")
     list_filter = (AgentFilter, ("name", ToolFilter), "capability", AgeFilter)
@@ -166,25 +191,6 @@ class PendingApprovalAdmin(TranscriptHooks, admin.ModelAdmin):
 
     def get_other_pending(self, request: HttpRequest, call: ToolCall) -> QuerySet[PendingApproval]:
         return self.get_inbox_queryset(request).filter(run_id=call.run_id).exclude(pk=call.pk).order_by("created_at", "id")
-
-    # Permissions: nothing here is added, edited or deleted; deciding is its own permission.
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        user = request.user
-        return (
-            self.has_decide_permission(request, obj)
-            or user.has_perm("nexo_django.view_pendingapproval")
-            or user.has_perm("nexo_django.view_toolcall")
-        )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     # Columns (model text escaped, hidden characters shown) ---------------------------------------
 
@@ -256,7 +262,7 @@ class PendingApprovalAdmin(TranscriptHooks, admin.ModelAdmin):
 
 
 @admin.register(AgentRun)
-class AgentRunAdmin(TranscriptHooks, admin.ModelAdmin):
+class AgentRunAdmin(NexoModelAdmin):
     list_display = ("short_id", "agent_name", "status", "pending", "started_by", "created_at", "age", "finished_at")
     list_filter = ("status", RunAgentFilter, ("created_by", admin.RelatedOnlyFieldListFilter), AgeFilter)
     search_fields = ("id", "agent")
@@ -269,19 +275,6 @@ class AgentRunAdmin(TranscriptHooks, admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[AgentRun]:
         pending = Count("tool_calls", filter=Q(tool_calls__status=CallStatus.PENDING_APPROVAL))
         return super().get_queryset(request).annotate(pending_count=pending)
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self.has_decide_permission(request, obj) or super().has_view_permission(request, obj)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Deleting a run would delete its decisions with it: the audit trail stays.
-        return False
 
     @admin.display(description="run", ordering="created_at")
     def short_id(self, obj: AgentRun) -> str:
@@ -323,7 +316,7 @@ class AgentRunAdmin(TranscriptHooks, admin.ModelAdmin):
 
 
 @admin.register(Decision)
-class DecisionAdmin(TranscriptHooks, admin.ModelAdmin):
+class DecisionAdmin(NexoModelAdmin):
     """Read-only audit log: who decided what, when, on which digest."""
 
     list_display = ("decided_at", "verdict", "tool", "run_column", "decided_by", "source", "edited", "stop", "note_preview")
@@ -333,18 +326,6 @@ class DecisionAdmin(TranscriptHooks, admin.ModelAdmin):
     list_select_related = ("tool_call", "decided_by")
     ordering = ("-decided_at", "-id")
     actions = None
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self.has_decide_permission(request, obj) or super().has_view_permission(request, obj)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="tool")
     def tool(self, obj: Decision) -> SafeString:

@@ -42,7 +42,7 @@ from .errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, Trans
 from .models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
 
 if TYPE_CHECKING:
-    from .admin import AgentRunAdmin, PendingApprovalAdmin, TranscriptHooks
+    from .admin import AgentRunAdmin, NexoModelAdmin, PendingApprovalAdmin
 
 STATUS_WORDS: dict[str, str] = {
     RunStatus.QUEUED: "is queued: a worker will continue it",
@@ -55,7 +55,7 @@ STATUS_WORDS: dict[str, str] = {
 }
 
 
-def refuse_post_without_permission(model_admin: TranscriptHooks, request: HttpRequest) -> None:
+def refuse_post_without_permission(model_admin: NexoModelAdmin, request: HttpRequest) -> None:
     """Read-only users get the pages but no POST at all: an action they cannot see is refused
     with 403 rather than quietly ignored."""
     if request.method == "POST" and not model_admin.has_decide_permission(request):
@@ -67,7 +67,7 @@ def _changelist_url(model_admin: Any) -> str:
     return reverse(f"{model_admin.admin_site.name}:{opts.app_label}_{opts.model_name}_changelist")
 
 
-def where_it_went(model_admin: TranscriptHooks, run_ids: list[Any]) -> SafeString:
+def where_it_went(model_admin: NexoModelAdmin, run_ids: list[Any]) -> SafeString:
     """ "Run 1a2b3c4d is done." for each run, linked to the run's page."""
     found = AgentRun.objects.filter(pk__in=run_ids).only("id", "status", "agent")
     return format_html_join(
@@ -91,7 +91,7 @@ def _base_context(model_admin: Any, request: HttpRequest, title: str, obj: Any =
     }
 
 
-def transcript_context(model_admin: TranscriptHooks, request: HttpRequest, run: AgentRun) -> dict[str, Any]:
+def transcript_context(model_admin: NexoModelAdmin, request: HttpRequest, run: AgentRun) -> dict[str, Any]:
     show_all = request.GET.get("transcript") == "all"
     messages_qs = model_admin.get_transcript(request, run)
     total = messages_qs.count()

@@ -129,11 +129,15 @@ def test_staff_without_permission_gets_403_and_nothing_changes(scribe_call: Tool
     assert not Decision.objects.exists() and not (tmp_path / "notes.txt").exists()
 
 
-def test_staff_without_any_permission_cannot_even_see_the_call(scribe_call: ToolCall) -> None:
+def test_plain_staff_see_the_call_but_cannot_decide(scribe_call: ToolCall) -> None:
     from tests.test_admin_support import make_user
 
-    client = client_for(make_user("nobody"))
-    assert client.get(decision_url(scribe_call)).status_code == 403
+    client = client_for(make_user("plain"))
+    page = client.get(decision_url(scribe_call))
+    assert page.status_code == 200 and 'value="approve"' not in page.content.decode()
+    assert csrf_post(client, decision_url(scribe_call), {"action": "approve", "digest": scribe_call.digest}).status_code == 403
+    scribe_call.refresh_from_db()
+    assert scribe_call.status == CallStatus.PENDING_APPROVAL and not Decision.objects.exists()
 
 
 def test_stale_digest_is_refused(ann: Any, scribe_call: ToolCall) -> None:

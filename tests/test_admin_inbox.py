@@ -124,9 +124,34 @@ def test_staff_without_decide_permission_see_the_inbox_read_only() -> None:
 
 
 @pytest.mark.django_db
-def test_staff_without_any_permission_cannot_open_the_inbox() -> None:
+def test_plain_staff_see_the_inbox_read_only_from_the_index() -> None:
+    calls = pending_rows(2)
+    client = client_for(make_user("plain"))
+    assert f'href="{INBOX}"' in client.get("/admin/").content.decode()
+    html = client.get(INBOX).content.decode()
+    assert set(linked_calls(html)) == {c.pk for c in calls} and row_ids(html) == []
+    response = csrf_post(client, INBOX, {"action": "deny_selected", "confirm": "yes",
+                                         ACTION_CHECKBOX_NAME: [c.pk for c in calls]})
+    assert response.status_code == 403
+    assert not Decision.objects.exists()
+
+
+@pytest.mark.django_db
+def test_staff_need_a_view_permission_when_staff_can_view_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nexo_django.admin import NexoModelAdmin
+
+    monkeypatch.setattr(NexoModelAdmin, "staff_can_view", False)
     pending_rows(2)
-    assert client_for(make_user("nobody")).get(INBOX).status_code == 403
+    assert client_for(make_user("plain")).get(INBOX).status_code == 403
+    assert client_for(viewer()).get(INBOX).status_code == 200
+
+
+@pytest.mark.django_db
+def test_users_who_are_not_staff_never_see_the_inbox() -> None:
+    pending_rows(1)
+    user = make_user("customer", "nexo_django.decide_toolcall", staff=False)
+    response = client_for(user).get(INBOX)
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
 
 
 @pytest.mark.django_db

@@ -127,7 +127,7 @@ def test_an_approver_approves_a_call_and_sees_the_run_finish(
 def test_staff_without_the_permission_see_no_decision_buttons(
     browser: webdriver.Chrome, live_server: Any, tmp_path: Path
 ) -> None:
-    make_user("vic", "nexo_django.view_pendingapproval", "nexo_django.view_agentrun", password="vic-pass")
+    make_user("vic", password="vic-pass")  # staff, without nexo_django.decide_toolcall
     run = ParallelScribe.run("Write a.txt and b.txt.", cwd=tmp_path)
     log_in(browser, live_server.url, "vic", "vic-pass")
     assert not browser.find_elements(By.CSS_SELECTOR, "select[name=action]")
