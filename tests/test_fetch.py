@@ -548,7 +548,7 @@ def test_a_trickling_server_is_cut_at_the_total_deadline(site: Site, route: Rout
     result = guarded_fetch(site.url("/slow"), allow=["site.test"], limits=limits, resolver=loopback_dns())
     elapsed = time.monotonic() - started
     assert "took longer than 1 s" in result["error"]
-    assert 0.9 <= elapsed < 2.0
+    assert 0.9 <= elapsed < 3.0  # the trickle alone would run for 10 s
 
 
 def gzip_bomb(handler: Any) -> None:
