@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from django.apps import AppConfig
@@ -18,7 +19,7 @@ POSITIVE_INTS = ("LEASE_SECONDS", "MAX_RECOVERIES", "JOB_TIMEOUT", "EVENT_MAX_CH
 
 
 @register(Tags.compatibility)
-def check_settings(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     nexo_settings.reset()
     try:
         nexo_settings.QUEUE  # noqa: B018 - loading validates the dict

@@ -227,13 +227,16 @@ def execute_run(run_id: str, *, agent: Agent | None = None) -> str:
         return "lease lost"
     _status_changed(run_id, RunStatus.RUNNING, new)
     if new == RunStatus.SUSPENDED:
-        for call in getattr(journal, "new_pending", []):
-            transaction.on_commit(
-                lambda call=call: approval_requested.send(sender=ToolCall, tool_call=call, run=run)
-            )
-    if new != RunStatus.SUSPENDED:
+        new_pending: list[ToolCall] = getattr(journal, "new_pending", [])
+        transaction.on_commit(lambda: _send_requested(new_pending, run))
+    else:
         _LIVE_OPTIONS.pop(str(run_id), None)
     return str(new)
+
+
+def _send_requested(calls: list[ToolCall], run: AgentRun) -> None:
+    for call in calls:
+        approval_requested.send(sender=ToolCall, tool_call=call, run=run)
 
 
 # --- deciding ------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ def resolve_model(value: Any, provider_settings: Mapping[str, Mapping[str, Any]]
     """Turn ``"provider:model"`` into a model object; pass a model object through."""
     if not isinstance(value, str):
         if hasattr(value, "complete"):
-            return value  # type: ignore[no-any-return]
+            return value
         raise ConfigurationError(f"model must be a 'provider:model' string or a model object, not {value!r}")
     provider, sep, name = value.partition(":")
     if not sep or not name:

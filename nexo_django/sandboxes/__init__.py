@@ -24,7 +24,7 @@ def make_sandbox(value: Any, cwd: Any = None, *, protected: tuple[str, ...] | No
     """``"virtual"`` (default), ``"local"`` (needs ``cwd``), or a :class:`Sandbox` instance."""
     if isinstance(value, Sandbox):
         return value
-    extra = {} if protected is None else {"protected": protected}
+    extra: dict[str, Any] = {} if protected is None else {"protected": protected}
     if value in (None, "virtual"):
         return VirtualSandbox(**extra)
     if value == "local":
@@ -44,7 +44,7 @@ def from_spec(spec: dict[str, Any]) -> Sandbox:
     """Rebuild a sandbox from :meth:`Sandbox.spec` (used by durable runs in another process)."""
     kind = spec.get("kind")
     protected = tuple(spec["protected"]) if "protected" in spec else None
-    extra = {} if protected is None else {"protected": protected}
+    extra: dict[str, Any] = {} if protected is None else {"protected": protected}
     if kind == "virtual":
         return VirtualSandbox(spec.get("files") or {}, **extra)
     if kind == "local":
