@@ -238,7 +238,6 @@ class PendingApprovalAdmin(NexoModelAdmin):
         if cl is not None:
             total = cl.full_result_count if cl.full_result_count is not None else cl.result_count
             context["title"] = f"Pending approvals ({total} waiting)"
-            context["can_decide"] = self.has_decide_permission(request)
         return response
 
     @method_decorator(xframe_options_deny)
@@ -251,7 +250,7 @@ class PendingApprovalAdmin(NexoModelAdmin):
 
     @admin.action(description="Approve selected calls", permissions=["decide"])
     def approve_selected(self, request: HttpRequest, queryset: QuerySet[PendingApproval]) -> None:
-        admin_views.bulk_decide(self, request, queryset, approved=True)
+        admin_views.bulk_approve(self, request, queryset)
 
     @admin.action(description="Deny selected calls (with one note)", permissions=["decide"])
     def deny_selected(self, request: HttpRequest, queryset: QuerySet[PendingApproval]) -> HttpResponse | None:

@@ -266,24 +266,21 @@ def _decide_all_or_nothing(
     ))
 
 
-def bulk_decide(
-    model_admin: PendingApprovalAdmin, request: HttpRequest, queryset: QuerySet[Any], *, approved: bool
-) -> None:
+def bulk_approve(model_admin: PendingApprovalAdmin, request: HttpRequest, queryset: QuerySet[Any]) -> None:
     if not model_admin.has_decide_permission(request):
         raise PermissionDenied
     calls = _selected_calls(model_admin, request, queryset)
     if calls is None:
-        return None
+        return
     digests: dict[int, str | None] = {c.pk: request.POST.get(f"digest_{c.pk}") for c in calls}
     unseen = [c for c in calls if not digests[c.pk]]
-    if approved and unseen:
-        messages.error(request, format_html(
-            "Nothing was approved: {} was not shown on this page. Approve only calls you can see.",
-            mark_hidden(", ".join(f"{c.name} {c.tool_call_id}" for c in unseen[:5])) + (" …" if len(unseen) > 5 else ""),
-        ))
-        return None
-    _decide_all_or_nothing(model_admin, request, calls, approved=approved, note="", digests=digests)
-    return None
+    if unseen:
+        names = mark_hidden(", ".join(f"{c.name} {c.tool_call_id}" for c in unseen[:5]))
+        more = " …" if len(unseen) > 5 else ""
+        messages.error(request, f"Nothing was approved: {names}{more} was not shown on this page. "
+                                "Approve only calls you can see.")
+        return
+    _decide_all_or_nothing(model_admin, request, calls, approved=True, note="", digests=digests)
 
 
 def bulk_deny(model_admin: PendingApprovalAdmin, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
