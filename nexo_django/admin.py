@@ -284,8 +284,12 @@ class AgentRunAdmin(NexoModelAdmin):
         return obj.agent_name
 
     @admin.display(description="pending", ordering="pending_count")
-    def pending(self, obj: AgentRun) -> int:
-        return int(getattr(obj, "pending_count", 0))
+    def pending(self, obj: AgentRun) -> Any:
+        count = int(getattr(obj, "pending_count", 0))
+        if not count:
+            return count
+        inbox = reverse(f"{self.admin_site.name}:nexo_django_pendingapproval_changelist")
+        return format_html('<a href="{}?q={}">{}</a>', inbox, obj.pk, count)
 
     @admin.display(description="started by", ordering="created_by")
     def started_by(self, obj: AgentRun) -> str:
@@ -298,7 +302,7 @@ class AgentRunAdmin(NexoModelAdmin):
     @method_decorator(xframe_options_deny)
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         admin_views.refuse_post_without_permission(self, request)
-        return super().changelist_view(request, extra_context)
+        return super().changelist_view(request, {"title": "Agent runs", **(extra_context or {})})
 
     @method_decorator(xframe_options_deny)
     def change_view(

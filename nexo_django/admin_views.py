@@ -334,7 +334,6 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         "prompt_html": reveal(run.prompt),
         "result_html": reveal(run.result) if run.result is not None else None,
         "error_html": reveal(run.error) if run.error else None,
-        "usage_html": reveal_json(run.usage),
         "started_by": str(run.created_by) if run.created_by_id else "—",
         "calls": [_call_row(model_admin, c) for c in calls],
         "has_unknown": any(c.status == CallStatus.OUTCOME_UNKNOWN for c in calls),
@@ -390,10 +389,12 @@ def _run_action(model_admin: AgentRunAdmin, request: HttpRequest, run: AgentRun)
             call = ToolCall.objects.filter(run=run, pk=request.POST.get("call") or 0).first()
             if call is None:
                 raise TransitionError("that call is not part of this run")
-            runs.resolve_unknown(call, by=request.user, rerun=action == "rerun", note=request.POST.get("note", "")[:2000])
-            # Once a person settled every unknown outcome, the run continues.
-            if not ToolCall.objects.filter(run=run, status=CallStatus.OUTCOME_UNKNOWN).exists():
-                runs.retry_run(run, by=request.user)
+            # Settle and continue together: if the run cannot continue, the settlement is undone too.
+            with transaction.atomic():
+                runs.resolve_unknown(call, by=request.user, rerun=action == "rerun", note=request.POST.get("note", "")[:2000])
+                # Once a person settled every unknown outcome, the run continues.
+                if not ToolCall.objects.filter(run=run, status=CallStatus.OUTCOME_UNKNOWN).exists():
+                    runs.retry_run(run, by=request.user)
     except (TransitionError, ValueError) as exc:
         messages.error(request, f"Nothing changed: {mark_hidden(exc)}")
         return HttpResponseRedirect(here)

@@ -77,6 +77,8 @@ def test_runs_changelist_filters_by_status_agent_creator_and_age() -> None:
     assert listed("agent=tests.durable_agents.Agent2") == {str(runs[2].pk)}
     assert listed(f"created_by__id__exact={starter.pk}") == {str(r.pk) for r in runs[1:]}
     assert listed("age=1d") == {str(runs[1].pk)}
+    # A run's pending calls link to the inbox, searched by the run's id.
+    assert f'href="/admin/nexo_django/pendingapproval/?q={runs[2].pk}">1</a>' in client.get(RUNS).content.decode()
 
 
 @pytest.mark.django_db
