@@ -155,3 +155,22 @@ def test_with_redis_the_demo_goes_through_a_real_worker_process(tmp_path: Path, 
     assert played.stdout.count("ran in the rq worker") == 2  # the first step and the resume
     assert "The run resumed and ended: done" in played.stdout
     assert (tmp_path / "ws" / "published" / "notes.md").read_text() == NOTES
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_with_database_url_the_example_runs_on_postgresql(tmp_path: Path, redis_server: Any) -> None:
+    """DATABASE_URL and REDIS_URL together: PostgreSQL, Redis and a worker process, as deployed."""
+    from tests.servers import PostgresServer
+
+    with PostgresServer(database="nexo_example") as postgres:
+        env = _example_env(tmp_path, DATABASE_URL=postgres.url, REDIS_URL=redis_server.url)
+        migrate = _manage(env, "migrate", "--noinput", "-v", "0")
+        assert migrate.returncode == 0, migrate.stderr
+        played = _manage(env, "nexo_demo", "--timeout", "60")
+        assert played.returncode == 0, played.stdout + played.stderr
+        assert played.stdout.count("ran in the rq worker") == 2
+        assert "The run resumed and ended: done" in played.stdout
+        tables = _manage(env, "shell", "-c", "from django.db import connection; print(connection.vendor)")
+        assert tables.stdout.strip().splitlines()[-1] == "postgresql"
+    assert (tmp_path / "ws" / "published" / "notes.md").read_text() == NOTES
