@@ -171,6 +171,6 @@ def test_with_database_url_the_example_runs_on_postgresql(tmp_path: Path, redis_
         assert played.returncode == 0, played.stdout + played.stderr
         assert played.stdout.count("ran in the rq worker") == 2
         assert "The run resumed and ended: done" in played.stdout
-        tables = _manage(env, "shell", "-c", "from django.db import connection; print(connection.vendor)")
-        assert tables.stdout.strip().splitlines()[-1] == "postgresql"
+        vendor = _manage(env, "shell", "-c", "from django.db import connection; print(connection.vendor)")
+        assert vendor.stdout.strip().splitlines()[-1] == "postgresql"
     assert (tmp_path / "ws" / "published" / "notes.md").read_text() == NOTES
