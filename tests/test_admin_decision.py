@@ -21,7 +21,7 @@ from tests.test_admin_support import (
     viewer,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
 
 @pytest.fixture

@@ -25,6 +25,9 @@ from tests.test_admin_support import (
     viewer,
 )
 
+# Decisions and searches behave the same on PostgreSQL: `make test` runs these there too.
+pytestmark = [pytest.mark.durable]
+
 
 def row_ids(html: str) -> list[int]:
     return [int(pk) for pk in re.findall(rf'name="{ACTION_CHECKBOX_NAME}" value="(\d+)"', html)]

@@ -27,6 +27,9 @@ from tests.test_admin_support import (
     viewer,
 )
 
+# Decisions and searches behave the same on PostgreSQL: `make test` runs these there too.
+pytestmark = [pytest.mark.durable]
+
 
 @pytest.fixture
 def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
