@@ -21,7 +21,7 @@ from django.views import View
 from django.views.decorators.cache import never_cache
 from django.views.generic import DetailView, ListView
 
-from .display import is_hidden, message_view, reveal, reveal_json
+from .display import is_hidden, long_strings, message_view, reveal, reveal_json
 from .models import ACTIVE_RUN_STATUSES, AgentRun, ToolCall
 
 #: Permissions that let a user see every run, not only the runs they started.
@@ -128,7 +128,8 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
         context["error"] = reveal(run.error or "")
         context["transcript"] = transcript_entries(run.transcript())
         context["pending"] = [
-            {"call": c, "args": reveal_json(c.args), "inbox_url": self.get_inbox_url(c)} for c in run.pending_calls()
+            {"call": c, "args": reveal_json(c.args), "texts": long_strings(c.args),
+             "inbox_url": self.get_inbox_url(c)} for c in run.pending_calls()
         ]
         # The page polls the status while the run can still change, faster while it works.
         context["poll"] = {

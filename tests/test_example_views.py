@@ -97,6 +97,7 @@ def test_the_run_page_shows_status_transcript_and_the_pending_call_linked_to_the
     assert "published/notes.md" in page
     assert "Write the release notes." in page  # the prompt, in the transcript
     assert "drafts/notes.md" in page  # the draft write and its result
+    assert "content, as text:</div><pre># Release notes, version 1.0\n" in page  # multi-line, readable
     url = inbox_url(call)
     assert url is not None and url.startswith("/admin/nexo_django/")
     assert f'href="{url}"' in page
