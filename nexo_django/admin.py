@@ -187,7 +187,7 @@ class PendingApprovalAdmin(NexoModelAdmin):
     def check_edited_args(self, call: ToolCall, args: dict[str, Any]) -> None:
         """Validate edited arguments against the tool's schema and the gate, before the review
         page. ``runs.decide`` checks them again when the decision is recorded."""
-        runs._check_edited(call.run, call, args)
+        runs.check_edited_args(call.run, call, args)
 
     def get_other_pending(self, request: HttpRequest, call: ToolCall) -> QuerySet[PendingApproval]:
         return self.get_inbox_queryset(request).filter(run_id=call.run_id).exclude(pk=call.pk).order_by("created_at", "id")

@@ -242,7 +242,9 @@ def _send_requested(calls: list[ToolCall], run: AgentRun) -> None:
 # --- deciding ------------------------------------------------------------------------------------
 
 
-def _check_edited(run: AgentRun, call: ToolCall, args: Any) -> None:
+def check_edited_args(run: AgentRun, call: ToolCall, args: Any) -> None:
+    """Refuse (``InvalidEditedArguments``) arguments an approver edited that do not fit the tool's
+    schema, the sandbox or the gate. ``decide`` calls it; the admin calls it to review first."""
     if call.capability == "mcp":
         # The server's schema validates them when the call runs; starting servers here would
         # run programs inside a web request.
@@ -285,7 +287,7 @@ def decide(
                 f"the arguments of {current.name} are not the ones you saw; reload the page and decide again"
             )
         if args is not None:
-            _check_edited(run, current, args)
+            check_edited_args(run, current, args)
         verdict = Verdict.APPROVED if approved else Verdict.DENIED
         updated = ToolCall.objects.filter(pk=call.pk, status=CallStatus.PENDING_APPROVAL).update(
             status=CallStatus.APPROVED if approved else CallStatus.DENIED, updated_at=timezone.now()
