@@ -173,6 +173,7 @@ class Agent:
         self.limits = Limits.from_mapping(nexo_settings.LIMITS)
         self.on_event = on_event
         self.search = self._pick_search(nexo_settings.SEARCH_BACKEND)
+        self.fetch_hosts = self._fetch_allow()
         self._mcp: Any = None
         self._mcp_tools: list[Tool] | None = None
         self._toolset: dict[str, Tool] | None = None
@@ -209,7 +210,7 @@ class Agent:
             attached.append(WRITE)
         if self.workspace.can_shell and not self.gate.never_allows("shell"):
             attached.append(SHELL)
-        if type(self).fetch_allow and not self.gate.never_allows("fetch"):
+        if self.fetch_hosts and not self.gate.never_allows("fetch"):
             attached.append(FETCH)
         if self.search is not None and not self.gate.never_allows("search"):
             attached.append(SEARCH)
@@ -270,13 +271,21 @@ class Agent:
         messages.append({"role": "user", "content": prompt})
         return messages
 
+    def _fetch_allow(self) -> tuple[str, ...]:
+        hosts = type(self).fetch_allow
+        if isinstance(hosts, str):
+            raise ConfigurationError(
+                f"{type(self).__name__}.fetch_allow must be a list of hosts, e.g. [{hosts!r}], not a string"
+            )
+        return tuple(hosts)
+
     def context(self, messages: list[Message]) -> ToolContext:
         return ToolContext(
             sandbox=self.workspace,
             permissions=self.gate,
             limits=self.limits,
             versions=_seen_versions(messages),
-            fetch_allow=tuple(type(self).fetch_allow),
+            fetch_allow=self.fetch_hosts,
             search_backend=self.search,
             mcp=self._mcp,
         )

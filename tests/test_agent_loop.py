@@ -466,3 +466,14 @@ def test_scripted_write_without_a_read_in_the_transcript_is_refused() -> None:
     Agent(model=model, sandbox=sandbox, permissions="auto").drive(journal)
     assert "read it before overwriting" in journal.messages[2]["content"]["error"]
     assert sandbox.files == {"README.md": b"Helo"}
+
+
+def test_fetch_allow_given_as_a_string_is_a_configuration_error() -> None:
+    """Scripted: a string would read as a list of single letters and refuse every host silently."""
+
+    class Fetcher(Agent):
+        permissions = "auto"
+        fetch_allow = "example.com"  # type: ignore[assignment]
+
+    with pytest.raises(ConfigurationError, match="list of hosts"):
+        Fetcher(model=ScriptedModel([reply("x")]))

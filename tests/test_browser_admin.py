@@ -1,6 +1,7 @@
 """The approval inbox in headless Chromium against a live server (scripted agents, inline queue).
 
-Saves docs/img/inbox.png and docs/img/decision.png for docs/admin.md on every run.
+Saves inbox.png and decision.png to tests/artifacts/ on every run; with
+NEXO_UPDATE_SCREENSHOTS=1 also to docs/img/ for docs/admin.md and the README.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+DOC_IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
 WAIT = 15
 
 RELEASE_NOTES = "# Release 1.4\n\n- Faster exports\n- Fixed\u200b the login redirect\n"
@@ -79,10 +81,12 @@ def log_in(driver: webdriver.Chrome, base: str, username: str, password: str) ->
 
 
 def save(driver: webdriver.Chrome, name: str) -> Path:
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    path = IMAGES / name
-    assert driver.save_screenshot(str(path)), f"could not save {path}"
-    return path
+    folders = [ARTIFACTS] + ([DOC_IMAGES] if os.environ.get("NEXO_UPDATE_SCREENSHOTS") else [])
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / name
+        assert driver.save_screenshot(str(path)), f"could not save {path}"
+    return ARTIFACTS / name
 
 
 def test_an_approver_approves_a_call_and_sees_the_run_finish(
