@@ -7,12 +7,14 @@ its run writes nothing. A step writes a constant number of rows whatever the run
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from .agent import CallDecision, Journal, open_calls
@@ -24,6 +26,45 @@ from .models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolC
 if TYPE_CHECKING:
     from .agent import Agent
     from .tools import Tool
+
+
+log = logging.getLogger("nexo_django.journal")
+
+
+class Heartbeat:
+    """Renews the run's lease from a thread of its own while the loop waits on a slow model or
+    tool, so the reconciler only takes runs whose worker is really gone."""
+
+    def __init__(self, run_id: Any, token: str, lease: timedelta) -> None:
+        self.run_id = run_id
+        self.token = token
+        self.lease = lease
+        self.interval = max(lease.total_seconds() / 3, 0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True, name=f"nexo-heartbeat-{run_id}")
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _beat(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    held = AgentRun.objects.filter(
+                        pk=self.run_id, lease_owner=self.token, status=RunStatus.RUNNING
+                    ).update(lease_expires_at=timezone.now() + self.lease)
+                except DatabaseError as exc:  # the next beat tries again; the fence stays the guard
+                    log.warning("run %s: heartbeat failed: %s", self.run_id, exc)
+                    continue
+                if not held:
+                    return
+        finally:
+            connection.close()
 
 
 def crash_point(name: str) -> None:
@@ -157,27 +198,31 @@ class DbJournal(Journal):
             )
 
     def suspend(self, pending: list[PendingCall]) -> None:
-        new: list[ToolCall] = []
-        with transaction.atomic():
-            self._fence()
-            self._write_buffers()
-            for p in pending:
-                row = self.calls.get(p.id)
-                if row is not None:
-                    if row.status != CallStatus.PENDING_APPROVAL:
-                        # A row with no decision behind it (e.g. reset by hand) waits for a person again.
-                        ToolCall.objects.filter(pk=row.pk).update(status=CallStatus.PENDING_APPROVAL)
-                    continue
-                tool = self.agent.toolset().get(p.name)
-                new.append(
-                    ToolCall(
-                        run_id=self.run.pk, tool_call_id=p.id, name=p.name, capability=p.capability,
-                        args=p.args, digest=args_digest(p.args), status=CallStatus.PENDING_APPROVAL,
-                        idempotent=bool(tool and tool.idempotent),
-                    )
+        """Prepare the pending rows; :meth:`close` writes them in the same transaction that marks
+        the run suspended, so no decision can land while the run still says running."""
+        self._reset: list[int] = []
+        self.new_pending: list[ToolCall] = []
+        for p in pending:
+            row = self.calls.get(p.id)
+            if row is not None:
+                if row.status != CallStatus.PENDING_APPROVAL:
+                    # A row with no decision behind it (e.g. reset by hand) waits for a person again.
+                    self._reset.append(row.pk)
+                continue
+            tool = self.agent.toolset().get(p.name)
+            self.new_pending.append(
+                ToolCall(
+                    run_id=self.run.pk, tool_call_id=p.id, name=p.name, capability=p.capability,
+                    args=p.args, digest=args_digest(p.args), status=CallStatus.PENDING_APPROVAL,
+                    idempotent=bool(tool and tool.idempotent),
                 )
-            ToolCall.objects.bulk_create(new)
-        self.new_pending = new
+            )
+
+    def _write_pending(self) -> None:
+        if getattr(self, "_reset", None):
+            ToolCall.objects.filter(pk__in=self._reset).update(status=CallStatus.PENDING_APPROVAL)
+        if getattr(self, "new_pending", None):
+            ToolCall.objects.bulk_create(self.new_pending)
 
     # --- the end of a drive ----------------------------------------------------------------------
 
@@ -202,4 +247,6 @@ class DbJournal(Journal):
             ).update(**values)
             if updated:
                 self._write_buffers()
+                if status == RunStatus.SUSPENDED:
+                    self._write_pending()
         return bool(updated)

@@ -184,7 +184,7 @@ def build_agent(run: AgentRun) -> Agent:
 
 def execute_run(run_id: str, *, agent: Agent | None = None) -> str:
     """Claim the run and drive the loop until it finishes or suspends. Safe to call twice."""
-    from .journal import DbJournal
+    from .journal import DbJournal, Heartbeat
 
     token = uuid.uuid4().hex
     lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
@@ -200,7 +200,8 @@ def execute_run(run_id: str, *, agent: Agent | None = None) -> str:
     try:
         agent = agent or build_agent(run)
         journal = DbJournal(run, token, agent)
-        outcome = agent.drive(journal)
+        with Heartbeat(run_id, token, lease):
+            outcome = agent.drive(journal)
     except LeaseLost:
         log.warning("run %s: lease lost; another worker or a cancel took over", run_id)
         return "lease lost"
@@ -294,6 +295,7 @@ def decide(
         )
         if not updated:
             raise AlreadyDecided(f"{current.name} call {current.tool_call_id} was already decided")
+        current.status = CallStatus.APPROVED if approved else CallStatus.DENIED
         decision = Decision.objects.create(
             tool_call=current, verdict=verdict, note=note, args=args, stop=stop and not approved,
             digest=args_digest(args) if args is not None else current.digest,

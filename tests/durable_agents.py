@@ -96,3 +96,20 @@ class MixedTurn(Agent):
     )
     permissions = "approve"
     tools = [bump]
+
+
+@tool(capability="read", idempotent=True)
+def nap(seconds: float) -> dict:
+    """Scripted slow tool: sleeps, like a slow model call or a long shell command."""
+    import time
+
+    time.sleep(seconds)
+    return {"slept": seconds}
+
+
+class Sleeper(Agent):
+    """Scripted: one slow call, then an answer."""
+
+    model = ScriptedModel([tool_call("nap", seconds=2.0), reply("Rested.")])
+    permissions = "auto"
+    tools = [nap]

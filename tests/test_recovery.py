@@ -153,3 +153,30 @@ def test_late_write_of_a_dead_worker_is_fenced_off(counter: Path) -> None:
     with pytest.raises(LeaseLost):
         journal.flush()
     assert not run.messages.filter(data__content="late").exists()
+
+
+def test_heartbeat_keeps_a_slow_but_live_run_from_being_taken(settings: object) -> None:
+    import threading
+    import time
+
+    from django.db import connections
+
+    from tests.durable_agents import Sleeper
+
+    settings.NEXO = {**settings.NEXO, "LEASE_SECONDS": 1}  # type: ignore[attr-defined]
+    started: list[AgentRun] = []
+
+    def start() -> None:
+        try:
+            started.append(Sleeper.run("rest"))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    time.sleep(1.6)  # longer than the lease: only the heartbeat keeps it
+    report = reconcile()
+    thread.join(timeout=30)
+    assert report.requeued == [] and report.needs_attention == []
+    run = AgentRun.objects.get()
+    assert run.status == RunStatus.DONE and run.recoveries == 0

@@ -300,3 +300,31 @@ def test_scripted_idempotent_gated_call(counter: Path) -> None:
     assert run.status == RunStatus.DONE
     assert count(counter) == ["lookup:k"]
     assert ToolCall.objects.get(run=run).status == CallStatus.SUCCEEDED
+
+
+def test_pending_calls_appear_only_with_the_suspended_status(tmp_path: Path) -> None:
+    """No decision can land while the run still says running (it could never wake the run)."""
+    from nexo_django.journal import DbJournal
+
+    seen: list[tuple[str, int]] = []
+    original = DbJournal.suspend
+
+    def spy(self: DbJournal, pending: list) -> None:
+        original(self, pending)
+        run = AgentRun.objects.get()
+        seen.append((run.status, ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL).count()))
+
+    DbJournal.suspend = spy  # type: ignore[method-assign]
+    try:
+        run = Scribe.run("write hi", cwd=tmp_path)
+    finally:
+        DbJournal.suspend = original  # type: ignore[method-assign]
+    assert seen == [(RunStatus.RUNNING, 0)]
+    assert run.status == RunStatus.SUSPENDED and run.pending_calls().count() == 1
+
+
+def test_decide_updates_the_callers_object(tmp_path: Path) -> None:
+    run = Scribe.run("write hi", cwd=tmp_path)
+    call = run.pending_calls()[0]
+    call.deny(note="no")
+    assert call.status == CallStatus.DENIED
