@@ -7,7 +7,6 @@ top-level ``system``; consecutive tool results become one user turn of ``tool_re
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,7 +15,7 @@ import httpx
 
 from ..errors import ConfigurationError
 from .base import Completion, Message, assistant
-from .http import ProviderError, ProviderHTTP, Retry, check_base_url, host_of
+from .http import ProviderError, Retry, endpoint
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 OFFICIAL_HOST = "api.anthropic.com"
@@ -56,27 +55,20 @@ class AnthropicModel:
         self.name = f"anthropic:{model}"
         self.max_tokens = max_tokens
         self.anthropic_version = anthropic_version
-        self.base_url = check_base_url(
+        found = endpoint(
             "anthropic",
-            base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL,
-            'NEXO["PROVIDERS"]["anthropic"]["base_url"] or ANTHROPIC_BASE_URL',
-        )
-        key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
-        if key is None and host_of(self.base_url) == OFFICIAL_HOST:
-            raise ConfigurationError(
-                "anthropic: no API key for api.anthropic.com; set the ANTHROPIC_API_KEY environment "
-                'variable or NEXO["PROVIDERS"]["anthropic"]["api_key"]'
-            )
-        self._api_key = key
-        self.headers = dict(headers or {})
-        self.extra_body = dict(extra_body or {})
-        self.http = ProviderHTTP(
-            "anthropic",
+            env_prefix="ANTHROPIC",
+            default_base_url=DEFAULT_BASE_URL,
+            official_host=OFFICIAL_HOST,
+            base_url=base_url,
+            api_key=api_key,
             client=client,
             timeout=timeout,
             retry=Retry(max_retries=max_retries, max_retry_wait=max_retry_wait, sleep=sleep),
-            secret=key,
         )
+        self.base_url, self._api_key, self.http = found.base_url, found.api_key, found.http
+        self.headers = dict(headers or {})
+        self.extra_body = dict(extra_body or {})
 
     def __repr__(self) -> str:
         return f"AnthropicModel({self.model!r}, base_url={self.base_url!r})"

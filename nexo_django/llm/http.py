@@ -257,3 +257,40 @@ class ProviderHTTP:
                 wait = asked if asked is not None else retry.backoff(attempt)
             retry.sleep(wait)
             attempt += 1
+
+
+@dataclass
+class Endpoint:
+    """Where a provider is reached, with what key, through which retrying client."""
+
+    base_url: str
+    api_key: str | None
+    http: ProviderHTTP
+
+
+def endpoint(
+    provider: str,
+    *,
+    env_prefix: str,
+    default_base_url: str,
+    official_host: str,
+    base_url: str | None,
+    api_key: str | None,
+    client: httpx.Client | None,
+    timeout: float,
+    retry: Retry,
+) -> Endpoint:
+    """Resolve base URL and key from the arguments, then ``<PREFIX>_BASE_URL``/``<PREFIX>_API_KEY``.
+    A key is required only for the provider's own host (a local server needs none)."""
+    url = check_base_url(
+        provider,
+        base_url or os.environ.get(f"{env_prefix}_BASE_URL") or default_base_url,
+        f'NEXO["PROVIDERS"]["{provider}"]["base_url"] or {env_prefix}_BASE_URL',
+    )
+    key = api_key or os.environ.get(f"{env_prefix}_API_KEY") or None
+    if key is None and host_of(url) == official_host:
+        raise ConfigurationError(
+            f"{provider}: no API key for {official_host}; set the {env_prefix}_API_KEY environment "
+            f'variable or NEXO["PROVIDERS"]["{provider}"]["api_key"]'
+        )
+    return Endpoint(url, key, ProviderHTTP(provider, client=client, timeout=timeout, retry=retry, secret=key))

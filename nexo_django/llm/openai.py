@@ -7,7 +7,6 @@ Neutral messages become Chat Completions messages here and nowhere else.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -17,7 +16,7 @@ import httpx
 
 from ..errors import ConfigurationError
 from .base import Completion, Message, assistant
-from .http import ProviderError, ProviderHTTP, Retry, check_base_url, host_of
+from .http import ProviderError, Retry, endpoint
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 OFFICIAL_HOST = "api.openai.com"
@@ -52,27 +51,20 @@ class OpenAIModel:
             raise ConfigurationError("openai: name a model, e.g. 'openai:gpt-4.1-mini'")
         self.model = model
         self.name = f"openai:{model}"
-        self.base_url = check_base_url(
+        found = endpoint(
             "openai",
-            base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
-            'NEXO["PROVIDERS"]["openai"]["base_url"] or OPENAI_BASE_URL',
-        )
-        key = api_key or os.environ.get("OPENAI_API_KEY") or None
-        if key is None and host_of(self.base_url) == OFFICIAL_HOST:
-            raise ConfigurationError(
-                "openai: no API key for api.openai.com; set the OPENAI_API_KEY environment variable "
-                'or NEXO["PROVIDERS"]["openai"]["api_key"]'
-            )
-        self._api_key = key
-        self.headers = dict(headers or {})
-        self.extra_body = dict(extra_body or {})
-        self.http = ProviderHTTP(
-            "openai",
+            env_prefix="OPENAI",
+            default_base_url=DEFAULT_BASE_URL,
+            official_host=OFFICIAL_HOST,
+            base_url=base_url,
+            api_key=api_key,
             client=client,
             timeout=timeout,
             retry=Retry(max_retries=max_retries, max_retry_wait=max_retry_wait, sleep=sleep),
-            secret=key,
         )
+        self.base_url, self._api_key, self.http = found.base_url, found.api_key, found.http
+        self.headers = dict(headers or {})
+        self.extra_body = dict(extra_body or {})
 
     def __repr__(self) -> str:
         return f"OpenAIModel({self.model!r}, base_url={self.base_url!r})"
