@@ -7,6 +7,7 @@ tries to leave the root raises :class:`~nexo_django.errors.SecurityError`.
 from __future__ import annotations
 
 import fnmatch
+import os
 import posixpath
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -26,6 +27,38 @@ DEFAULT_PROTECTED: tuple[str, ...] = (
     ".bash_login",
     ".envrc",
 )
+
+
+MAX_PATH_CHARS = 4096
+MAX_NAME_CHARS = 255
+
+
+def normalize_relative(path: str) -> str:
+    """The one place a model's path becomes ``a/b/c`` relative to a sandbox root, or is refused:
+    empty, NUL bytes, absolute or ``~``, ``..`` anywhere, the root itself, over-long names and
+    paths, names that are not valid file-name text. (Confinement itself is enforced by each
+    sandbox on what it opens; this only refuses what can never be right.)"""
+    if not isinstance(path, str) or not path:
+        raise SecurityError("a path must be a non-empty string")
+    if "\x00" in path:
+        raise SecurityError(f"path {path!r} contains a NUL byte")
+    if len(path) > MAX_PATH_CHARS:
+        raise SecurityError(f"path is longer than {MAX_PATH_CHARS} characters")
+    if path.startswith(("/", "~")):
+        raise SecurityError(f"path {path!r} is absolute; paths are relative to the sandbox root")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise SecurityError(f"path {path!r} contains '..'; paths stay inside the sandbox")
+    if not parts:
+        raise SecurityError(f"path {path!r} names the sandbox root, not a file")
+    for part in parts:
+        try:
+            encoded = os.fsencode(part)
+        except UnicodeEncodeError as exc:
+            raise SecurityError(f"path {path!r} is not valid text for a file name") from exc
+        if len(part) > MAX_NAME_CHARS or len(encoded) > MAX_NAME_CHARS:
+            raise SecurityError(f"a name in {path!r} is longer than {MAX_NAME_CHARS} bytes")
+    return "/".join(parts)
 
 
 @dataclass(frozen=True)
@@ -58,9 +91,9 @@ class Sandbox(ABC):
                 raise SecurityError(f"{rel!r} is a protected name ({pattern}) and is never written")
         return rel
 
-    @abstractmethod
     def normalize(self, path: str) -> str:
         """The relative, normalised form of ``path``; ``SecurityError`` if it leaves the root."""
+        return normalize_relative(path)
 
     @abstractmethod
     def read(self, path: str, max_bytes: int) -> FileRead:

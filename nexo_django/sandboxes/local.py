@@ -26,8 +26,8 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 from ..errors import ConfigurationError, SecurityError
-from .base import DEFAULT_PROTECTED, FileRead, GlobResult, Sandbox, StaleWrite
-from .virtual import MAX_NAME_CHARS, MAX_PATH_CHARS, _glob_match
+from .base import DEFAULT_PROTECTED, MAX_PATH_CHARS, FileRead, GlobResult, Sandbox, StaleWrite
+from .virtual import _glob_match
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -85,29 +85,6 @@ class LocalSandbox(Sandbox):
         return f"LocalSandbox({self.root!r})"
 
     # --- paths -----------------------------------------------------------------------------
-
-    def normalize(self, path: str) -> str:
-        if not isinstance(path, str) or not path:
-            raise SecurityError("a path must be a non-empty string")
-        if "\x00" in path:
-            raise SecurityError(f"path {path!r} contains a NUL byte")
-        if len(path) > MAX_PATH_CHARS:
-            raise SecurityError(f"path is longer than {MAX_PATH_CHARS} characters")
-        if path.startswith(("/", "~")):
-            raise SecurityError(f"path {path!r} is absolute; paths are relative to the workspace root")
-        parts = [p for p in path.split("/") if p not in ("", ".")]
-        if ".." in parts:
-            raise SecurityError(f"path {path!r} contains '..'; paths stay inside the workspace")
-        if not parts:
-            raise SecurityError(f"path {path!r} names the workspace root, not a file")
-        for part in parts:
-            try:
-                encoded = os.fsencode(part)
-            except UnicodeEncodeError as exc:
-                raise SecurityError(f"path {path!r} is not valid text for a file name") from exc
-            if len(part) > MAX_NAME_CHARS or len(encoded) > MAX_NAME_CHARS:
-                raise SecurityError(f"a name in {path!r} is longer than {MAX_NAME_CHARS} bytes")
-        return "/".join(parts)
 
     # --- descriptors ---------------------------------------------------------------------------
 

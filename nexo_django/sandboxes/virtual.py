@@ -8,10 +8,13 @@ import time
 from typing import Any
 
 from ..errors import SecurityError
-from .base import DEFAULT_PROTECTED, FileRead, GlobResult, Sandbox, StaleWrite
-
-MAX_PATH_CHARS = 4096
-MAX_NAME_CHARS = 255
+from .base import (
+    DEFAULT_PROTECTED,
+    FileRead,
+    GlobResult,
+    Sandbox,
+    StaleWrite,
+)
 
 
 def _digest(data: bytes) -> str:
@@ -32,24 +35,6 @@ class VirtualSandbox(Sandbox):
             self.files[self.normalize(path)] = (
                 content.encode("utf-8", "surrogateescape") if isinstance(content, str) else content
             )
-
-    def normalize(self, path: str) -> str:
-        if not isinstance(path, str) or not path:
-            raise SecurityError("a path must be a non-empty string")
-        if "\x00" in path:
-            raise SecurityError(f"path {path!r} contains a NUL byte")
-        if len(path) > MAX_PATH_CHARS:
-            raise SecurityError(f"path is longer than {MAX_PATH_CHARS} characters")
-        if path.startswith(("/", "~")):
-            raise SecurityError(f"path {path!r} is absolute; paths are relative to the sandbox root")
-        parts = [p for p in path.split("/") if p not in ("", ".")]
-        if ".." in parts:
-            raise SecurityError(f"path {path!r} contains '..'; paths stay inside the sandbox")
-        if any(len(p) > MAX_NAME_CHARS for p in parts):
-            raise SecurityError(f"a name in {path!r} is longer than {MAX_NAME_CHARS} characters")
-        if not parts:
-            raise SecurityError(f"path {path!r} names the sandbox root, not a file")
-        return "/".join(parts)
 
     def read(self, path: str, max_bytes: int) -> FileRead:
         rel = self.normalize(path)
