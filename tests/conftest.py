@@ -187,3 +187,11 @@ def _as_json(setting: str, value: object) -> str:
             pytrace=False,
         )
 
+
+
+@pytest.fixture
+def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A file the scripted side-effect tools of tests/durable_agents.py append to, in any process."""
+    path = tmp_path / "counter.txt"
+    monkeypatch.setenv("NEXO_TEST_COUNTER", str(path))
+    return path

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nexo_django import Agent, tool
 from nexo_django.testing import ScriptedModel, reply, tool_call
 
@@ -44,6 +46,11 @@ class ThreeTurns(Agent):
     )
     sandbox = "virtual"
     permissions = "approve"
+
+
+def count(path: Path) -> list[str]:
+    """What the scripted side-effect tools recorded, in order."""
+    return path.read_text().split() if path.exists() else []
 
 
 def _count(name: str) -> None:

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
 from nexo_django.recovery import reconcile
-from tests.durable_agents import Bumper, Scribe
+from tests.durable_agents import Bumper, Scribe, count
 from tests.test_admin_support import (
     RUNS,
     approver,
@@ -29,17 +29,6 @@ from tests.test_admin_support import (
 
 # Decisions and searches behave the same on PostgreSQL: `make test` runs these there too.
 pytestmark = [pytest.mark.durable]
-
-
-@pytest.fixture
-def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "counter.txt"
-    monkeypatch.setenv("NEXO_TEST_COUNTER", str(path))
-    return path
-
-
-def bumps(path: Path) -> list[str]:
-    return path.read_text().split() if path.exists() else []
 
 
 def crashed_while_executing(ann: Any) -> ToolCall:
@@ -180,7 +169,7 @@ def test_scripted_do_not_run_it_again_tells_the_model_and_finishes(counter: Path
     assert response.status_code == 302
     run = AgentRun.objects.get(pk=call.run_id)
     assert run.status == RunStatus.DONE
-    assert bumps(counter) == []
+    assert count(counter) == []
     assert "did it by hand" in run.transcript()[-2]["content"]["error"]
 
 
@@ -192,7 +181,7 @@ def test_scripted_run_it_again_executes_the_call_once_more(counter: Path) -> Non
     assert response.status_code == 302
     run = AgentRun.objects.get(pk=call.run_id)
     assert run.status == RunStatus.DONE
-    assert bumps(counter) == ["one"]
+    assert count(counter) == ["one"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -204,7 +193,7 @@ def test_scripted_retry_button_after_the_outcome_was_settled_elsewhere(counter: 
     assert "Retry this run" in client.get(run_url(call.run)).content.decode()
     csrf_post(client, run_url(call.run), {"action": "retry"})
     assert AgentRun.objects.get(pk=call.run_id).status == RunStatus.DONE
-    assert bumps(counter) == []
+    assert count(counter) == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -214,7 +203,7 @@ def test_settling_an_unknown_outcome_needs_the_permission(counter: Path) -> None
     assert "Run it again" not in client.get(run_url(call.run)).content.decode()
     assert csrf_post(client, run_url(call.run), {"action": "rerun", "call": call.pk}).status_code == 403
     call.refresh_from_db()
-    assert call.status == CallStatus.OUTCOME_UNKNOWN and bumps(counter) == []
+    assert call.status == CallStatus.OUTCOME_UNKNOWN and count(counter) == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -225,4 +214,4 @@ def test_settling_twice_changes_nothing_the_second_time(counter: Path) -> None:
     csrf_post(client, run_url(call.run), {"action": "rerun", "call": call.pk})
     second = csrf_post(client, run_url(call.run), {"action": "rerun", "call": call.pk})
     assert "Nothing changed" in client.get(second["Location"]).content.decode()
-    assert bumps(counter) == ["one"]
+    assert count(counter) == ["one"]

@@ -21,13 +21,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 APPROVERS = 8
 
 
-@pytest.fixture
-def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "counter.txt"
-    monkeypatch.setenv("NEXO_TEST_COUNTER", str(path))
-    return path
-
-
 def race(n: int, action: Any) -> list[str]:
     """Run ``action(i)`` in n threads released together; return what each got."""
     barrier = threading.Barrier(n)

@@ -12,20 +12,9 @@ from django.utils import timezone
 from nexo_django.errors import TransitionError
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
 from nexo_django.recovery import reconcile
-from tests.durable_agents import Bumper, Looker
+from tests.durable_agents import Bumper, Looker, count
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
-
-
-@pytest.fixture
-def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "counter.txt"
-    monkeypatch.setenv("NEXO_TEST_COUNTER", str(path))
-    return path
-
-
-def count(path: Path) -> list[str]:
-    return path.read_text().split() if path.exists() else []
 
 
 def die_while_executing(run: AgentRun) -> ToolCall:

@@ -17,20 +17,17 @@ from nexo_django.errors import (
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall, args_digest
 from nexo_django.signals import approval_decided, approval_requested, run_status_changed
 from nexo_django.testing import ScriptedModel, reply, tool_call
-from tests.durable_agents import Bumper, Looker, MixedTurn, ParallelScribe, Scribe, ThreeTurns
+from tests.durable_agents import (
+    Bumper,
+    Looker,
+    MixedTurn,
+    ParallelScribe,
+    Scribe,
+    ThreeTurns,
+    count,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
-
-
-@pytest.fixture
-def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "counter.txt"
-    monkeypatch.setenv("NEXO_TEST_COUNTER", str(path))
-    return path
-
-
-def count(path: Path) -> list[str]:
-    return path.read_text().split() if path.exists() else []
 
 
 @pytest.fixture

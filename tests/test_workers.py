@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
 from nexo_django.recovery import reconcile
-from tests.durable_agents import Bumper, Scribe
+from tests.durable_agents import Bumper, Scribe, count
 from tests.servers import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable, pytest.mark.redis]
@@ -33,17 +33,6 @@ def wait_status(run: AgentRun, *statuses: str, timeout: float = WAIT) -> AgentRu
     except TimeoutError:
         fresh = AgentRun.objects.get(pk=run.pk)
         raise AssertionError(f"run is {fresh.status} ({fresh.error!r}), expected {statuses}") from None
-
-
-@pytest.fixture
-def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "counter.txt"
-    monkeypatch.setenv("NEXO_TEST_COUNTER", str(path))
-    return path
-
-
-def count(path: Path) -> list[str]:
-    return path.read_text().split() if path.exists() else []
 
 
 def test_seed_example_worker_suspends_and_resume_in_another_process_finishes(
