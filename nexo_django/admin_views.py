@@ -113,13 +113,22 @@ def _find_call(model_admin: PendingApprovalAdmin, request: HttpRequest, object_i
         return None
 
 
-def decision_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+def _refuse(model_admin: Any, request: HttpRequest) -> HttpResponse | None:
+    """Decisions only by POST, and only with the decide permission, checked here in the view
+    (``admin_view`` checks staff only); viewing needs the view permission."""
     if request.method not in ("GET", "HEAD", "POST"):
         return HttpResponse(status=405, headers={"Allow": "GET, HEAD, POST"})
     if request.method == "POST" and not model_admin.has_decide_permission(request):
         raise PermissionDenied
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
+    return None
+
+
+def decision_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    refused = _refuse(model_admin, request)
+    if refused is not None:
+        return refused
     call = _find_call(model_admin, request, object_id)
     if call is None:
         messages.warning(request, "That call is no longer waiting for a decision (it was decided, or its run ended).")
@@ -309,12 +318,9 @@ RUN_ACTIONS = ("cancel", "retry", "rerun", "do_not_rerun")
 
 
 def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
-    if request.method not in ("GET", "HEAD", "POST"):
-        return HttpResponse(status=405, headers={"Allow": "GET, HEAD, POST"})
-    if request.method == "POST" and not model_admin.has_decide_permission(request):
-        raise PermissionDenied
-    if not model_admin.has_view_permission(request):
-        raise PermissionDenied
+    refused = _refuse(model_admin, request)
+    if refused is not None:
+        return refused
     try:
         run = model_admin.get_queryset(request).select_related("created_by").filter(pk=object_id).first()
     except (ValueError, ValidationError):
