@@ -35,17 +35,39 @@ WARMUP = 10
 COUNTED = 5
 
 
-def one_cycle(agent: Any, workspace: Path, user: Any) -> Any:
+def one_cycle(agent: Any, workspace: Path | None, user: Any, split: list[int] | None = None) -> Any:
+    """One cycle; ``split`` receives the ns from the start to the suspended run."""
+    start = time.perf_counter_ns()
     cwd = workspace if agent.sandbox == "local" else None
     run = agent.run("Write 'hi' to notes.txt", cwd=cwd, user=user)
     if run.status != "suspended":
         raise RuntimeError(f"expected a suspended run, got {run.status}: {run.error}")
+    if split is not None:
+        split.append(time.perf_counter_ns() - start)
     call = run.pending_calls().get()
     call.approve(by=user)
     run.refresh_from_db()
     if run.status != "done":
         raise RuntimeError(f"expected a done run, got {run.status}: {run.error}")
     return run
+
+
+def commit_cost(samples: int = 200) -> float:
+    """Median ms of one small write transaction (INSERT + COMMIT) on this database, as the
+    durable layer does them: the floor under each of a cycle's write transactions."""
+    from django.db import connection, transaction
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE bench_commit (payload TEXT)")
+    times = []
+    for _ in range(samples):
+        start = time.perf_counter_ns()
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("INSERT INTO bench_commit (payload) VALUES (%s)", ["x" * 200])
+        times.append(time.perf_counter_ns() - start)
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE bench_commit")
+    return ms(median(times))
 
 
 def main() -> None:
@@ -86,12 +108,13 @@ def main() -> None:
 
     before = stored_bytes()
     times: list[int] = []
+    to_suspended: list[int] = []
     cpu: list[int] = []  # this process's CPU time: steadier than wall time on a busy machine
     run = None
     for _ in range(args.cycles):
         workspace = next(spaces)
         start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
-        run = one_cycle(agent, workspace, user)
+        run = one_cycle(agent, workspace, user, to_suspended)
         cpu.append(time.process_time_ns() - start_cpu)
         times.append(time.perf_counter_ns() - start)
     disk_per_run = (stored_bytes() - before) / args.cycles
@@ -111,8 +134,14 @@ def main() -> None:
     figure(
         "approval_cycle", db=db_label(), sandbox=args.sandbox, cycles=args.cycles,
         median_ms=ms(median(times)), p95_ms=ms(p95(times)), cpu_median_ms=ms(median(cpu)),
+        start_to_suspended_median_ms=ms(median(to_suspended)),
         queries=queries, writes=writes, transactions=transactions, write_transactions=write_transactions,
         row_bytes_per_run=sum(rows.values()), disk_bytes_per_run=round(disk_per_run),
+    )  # fmt: skip
+    commit_ms = commit_cost()
+    figure(
+        "commit_floor", db=db_label(), commit_median_ms=commit_ms, write_transactions=write_transactions,
+        floor_ms=commit_ms * write_transactions,
     )  # fmt: skip
     figure("approval_cycle_rows", db=db_label(), sandbox=args.sandbox, **{f"{name}_bytes": size for name, size in rows.items()})
 

@@ -104,6 +104,14 @@ def load() -> str:
         return "unknown"
 
 
+def cpu_reference_ms() -> str:
+    """Best of 5 of ``sum(range(10**6))`` in ms: a yardstick for comparing the CPU of two
+    machines (or of one machine, busy and quiet) when comparing their figures."""
+    import timeit
+
+    return f"{min(timeit.repeat('sum(range(10**6))', number=1, repeat=5)) * 1e3:.1f}"
+
+
 def header(pg_bin: str) -> list[str]:
     import sqlite3
 
@@ -133,6 +141,7 @@ def header(pg_bin: str) -> list[str]:
             f"cpu={cpu_model().replace(' ', '_')}",
             f"cores={os.cpu_count()}",
             f"memory_gib={memory_gib()}",
+            f"cpu_reference_ms={cpu_reference_ms()}",
             f"load_at_start={load()}",
         ]),
     ]  # fmt: skip
