@@ -32,7 +32,8 @@ typecheck: $(STAMP)
 # The whole suite on SQLite, then the durable tests again on a PostgreSQL the script starts.
 pytest: $(STAMP)
 	$(PY) -m django makemigrations --check --dry-run --settings=tests.settings nexo_django
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m coverage run -m pytest $(PYTEST_ARGS)
+	$(PY) -m coverage report --sort=cover --skip-covered | tail -n 12
 	WITH_POSTGRES_PYTHON=$(PY) scripts/with-postgres $(PY) -m pytest -m durable $(PYTEST_ARGS)
 
 test: lint typecheck pytest
