@@ -74,7 +74,7 @@ def _database(url: str) -> dict[str, Any]:
         }
     if parts.scheme == "sqlite":
         # Query parameters become OPTIONS, e.g. ?init_command=PRAGMA%20journal_mode%3DWAL
-        database = {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parts.path[1:])}
+        database: dict[str, Any] = {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parts.path[1:])}
         if parts.query:
             database["OPTIONS"] = dict(parse_qsl(parts.query))
         return database
