@@ -58,9 +58,16 @@ class Journal:
     def __init__(self, messages: list[Message] | None = None, on_event: EventCallback | None = None) -> None:
         self.messages: list[Message] = list(messages or [])
         self.on_event = on_event
+        #: assistant turns so far, kept as messages are appended (the loop's cost stays flat)
+        self.turns = sum(1 for m in self.messages if m.get("role") == "assistant")
 
     def append(self, message: Message) -> None:
         self.messages.append(message)
+        if message.get("role") == "assistant":
+            self.turns += 1
+
+    def before_model(self) -> None:
+        """Called before each model request: a durable journal saves what the last turn did."""
 
     def decision_for(self, call_id: str) -> CallDecision | None:
         return None
@@ -304,18 +311,24 @@ class Agent:
             self.close()
 
     def step(self, journal: Journal) -> Outcome:
+        last = journal.messages[-1] if journal.messages else {}
+        if last.get("role") == "assistant" and not last.get("tool_calls"):
+            # A final answer is already in the transcript (e.g. a worker died before closing
+            # the run): the run is done, the model is not asked again.
+            return Outcome("done", content=last.get("content"))
         calls = open_calls(journal.messages)
         if calls:
             return self._run_calls(calls, journal)
         return self._model_turn(journal)
 
     def _model_turn(self, journal: Journal) -> Outcome:
-        turn = sum(1 for m in journal.messages if m.get("role") == "assistant") + 1
+        turn = journal.turns + 1
         if turn > type(self).max_turns:
             raise MaxTurnsExceeded(
                 f"{type(self).__name__} used its {type(self).max_turns} turns (max_turns) without a final answer"
             )
         specs = [t.spec() for t in self.toolset().values()]
+        journal.before_model()
         journal.emit("model_request", {"turn": turn, "messages": len(journal.messages), "tools": len(specs)})
         completion = self.llm.complete(journal.messages, specs)
         message = dict(completion.message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 from django.db import transaction
 
 from .conf import nexo_settings
@@ -59,10 +60,27 @@ def send(run_id: str, generation: int) -> None:
     )
 
 
-def get_queue() -> Any:
-    import django_rq
+_queues: dict[tuple[str, str], Any] = {}
 
-    return django_rq.get_queue(queue_name())
+
+def get_queue() -> Any:
+    """The run queue, kept per process: django-rq opens a new Redis connection per call."""
+    name = queue_name()
+    key = (name, repr(sorted(queue_config(name).items())))
+    queue = _queues.get(key)
+    if queue is None:
+        import django_rq
+
+        queue = _queues[key] = django_rq.get_queue(name)
+    return queue
+
+
+def _forget_queues(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("RQ_QUEUES", "NEXO"):
+        _queues.clear()
+
+
+setting_changed.connect(_forget_queues, dispatch_uid="nexo_django.dispatch.forget_queues")
 
 
 def job_exists(run_id: Any, generation: int) -> bool:

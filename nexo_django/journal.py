@@ -115,8 +115,12 @@ class DbJournal(Journal):
             RunMessage(run_id=self.run.pk, seq=self.next_seq, role=message.get("role", ""), data=message)
         )
         self.next_seq += 1
-        if message.get("role") == "assistant":
-            # Persist the model's turn at once: a crash after this never asks the model again.
+
+    def before_model(self) -> None:
+        # Save the last turn (its assistant message and the results of idempotent calls) before
+        # paying for the next model call. Non-idempotent calls were saved as they ran; a final
+        # answer is saved with the run's last status change.
+        if self._messages:
             self.flush()
 
     def emit(self, type: str, data: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -72,13 +72,14 @@ AGENT_OPTIONS = ("cwd", "permissions", "sandbox", "model")
 _LIVE_OPTIONS: dict[str, dict[str, Any]] = {}
 
 
-def transition(run: AgentRun | Any, old: str, new: str, **fields: Any) -> bool:
-    """Compare-and-set one run from ``old`` to ``new``. False when another actor moved it first."""
+def transition(run: AgentRun | Any, old: str, new: str, *conditions: Any, **fields: Any) -> bool:
+    """Compare-and-set one run from ``old`` to ``new`` (where ``conditions`` hold too). False when
+    another actor moved it first."""
     if new not in TRANSITIONS[old]:
         raise TransitionError(f"a run cannot go from {old} to {new}")
     run_id = run.pk if isinstance(run, AgentRun) else run
     fields.setdefault("updated_at", timezone.now())
-    updated = AgentRun.objects.filter(pk=run_id, status=old).update(status=new, **fields)
+    updated = AgentRun.objects.filter(*conditions, pk=run_id, status=old).update(status=new, **fields)
     if updated:
         _status_changed(run_id, old, new)
     return bool(updated)
@@ -280,40 +281,45 @@ def decide(
     with transaction.atomic():
         # Serialises decisions on one run (PostgreSQL); SQLite serialises writers anyway.
         run = AgentRun.objects.select_for_update().get(pk=call.run_id)
-        current = ToolCall.objects.get(pk=call.pk)
-        if current.status != CallStatus.PENDING_APPROVAL:
-            raise AlreadyDecided(f"{current.name} call {current.tool_call_id} was already decided ({current.status})")
-        if digest is not None and digest != current.digest:
-            raise StaleDecision(
-                f"the arguments of {current.name} are not the ones you saw; reload the page and decide again"
-            )
         if args is not None:
-            check_edited_args(run, current, args)
+            check_edited_args(run, call, args)
         verdict = Verdict.APPROVED if approved else Verdict.DENIED
-        updated = ToolCall.objects.filter(pk=call.pk, status=CallStatus.PENDING_APPROVAL).update(
+        # The compare-and-set is the check: still pending, and (if given) the digest the person saw.
+        match = {"pk": call.pk, "status": CallStatus.PENDING_APPROVAL}
+        if digest is not None:
+            match["digest"] = digest
+        updated = ToolCall.objects.filter(**match).update(
             status=CallStatus.APPROVED if approved else CallStatus.DENIED, updated_at=timezone.now()
         )
         if not updated:
-            raise AlreadyDecided(f"{current.name} call {current.tool_call_id} was already decided")
-        current.status = CallStatus.APPROVED if approved else CallStatus.DENIED
+            current = ToolCall.objects.get(pk=call.pk)
+            if current.status != CallStatus.PENDING_APPROVAL:
+                raise AlreadyDecided(
+                    f"{current.name} call {current.tool_call_id} was already decided ({current.status})"
+                )
+            raise StaleDecision(
+                f"the arguments of {current.name} are not the ones you saw; reload the page and decide again"
+            )
+        call.status = CallStatus.APPROVED if approved else CallStatus.DENIED
         decision = Decision.objects.create(
-            tool_call=current, verdict=verdict, note=note, args=args, stop=stop and not approved,
-            digest=args_digest(args) if args is not None else current.digest,
+            tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
+            digest=args_digest(args) if args is not None else call.digest,
             decided_by=_user(by), source=source,
         )
-        _event(run.pk, "decision", call=current.tool_call_id, verdict=str(verdict), edited=args is not None,
+        _event(run.pk, "decision", call=call.tool_call_id, verdict=str(verdict), edited=args is not None,
                by=str(_user(by) or ""), source=source)
-        if not ToolCall.objects.filter(run_id=run.pk, status=CallStatus.PENDING_APPROVAL).exists():
-            wake(run, RunStatus.SUSPENDED)
-        transaction.on_commit(lambda: approval_decided.send(sender=ToolCall, tool_call=current, decision=decision))
-    call.status = current.status
+        # Wake the run only when no call of it is still pending: one statement, no race.
+        wake(run, RunStatus.SUSPENDED, ~Exists(
+            ToolCall.objects.filter(run_id=OuterRef("pk"), status=CallStatus.PENDING_APPROVAL)
+        ))
+        transaction.on_commit(lambda: approval_decided.send(sender=ToolCall, tool_call=call, decision=decision))
     return decision
 
 
-def wake(run: AgentRun, old: str) -> bool:
-    """Queue the run again and send its job at commit."""
+def wake(run: AgentRun, old: str, *conditions: Any) -> bool:
+    """Queue the run again (if ``conditions`` hold) and send its job at commit."""
     generation = run.generation + 1
-    if not transition(run, old, RunStatus.QUEUED, generation=F("generation") + 1, lease_owner=None):
+    if not transition(run, old, RunStatus.QUEUED, *conditions, generation=F("generation") + 1, lease_owner=None):
         return False
     run.generation = generation
     dispatch.enqueue_run(run.pk, generation)

@@ -6,7 +6,6 @@ Everything here is scripted: no model service is called.
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 from .errors import ModelError
@@ -68,6 +67,6 @@ class ScriptedModel:
         message: Message = {"role": "assistant", "content": "\n".join(texts) if texts else None}
         if calls:
             message["tool_calls"] = calls
-        prompt_chars = sum(len(json.dumps(m, default=str)) for m in messages)
-        usage = {"input_tokens": prompt_chars // 4, "output_tokens": len(json.dumps(message)) // 4}
+        # Scripted usage: deterministic and cheap (one "token" a message in, one a call or text out).
+        usage = {"input_tokens": len(messages), "output_tokens": len(calls) + len(texts)}
         return Completion(message=message, usage=usage)
