@@ -151,10 +151,10 @@ def add_pending(ins: Inserter, start: int, stop: int) -> None:
             name, capability = TOOLS[i % len(TOOLS)]
             args = {"path": f"notes/{i}.txt", "content": f"note {i}\n" * 3} if name == "write" else (
                 {"command": f"echo {i}"} if name == "shell" else {"label": str(i)})
-            calls.append((run_ids[k], "call_0_0", name, capability, ins.value(args), args_digest(args),
-                          "pending_approval", ins.value(False), when[k], when[k]))  # fmt: skip
-        ins.insert(ToolCall, ["run_id", "tool_call_id", "name", "capability", "args", "digest", "status",
-                              "idempotent", "created_at", "updated_at"], calls)  # fmt: skip
+            calls.append((run_ids[k], AGENTS[i % len(AGENTS)], "call_0_0", name, capability, ins.value(args),
+                          args_digest(args), "pending_approval", ins.value(False), when[k], when[k]))  # fmt: skip
+        ins.insert(ToolCall, ["run_id", "agent", "tool_call_id", "name", "capability", "args", "digest",
+                              "status", "idempotent", "created_at", "updated_at"], calls)  # fmt: skip
         user = ins.value({"role": "user", "content": "Tidy the notes."})
         ins.insert(RunMessage, ["run_id", "seq", "role", "data", "created_at"], (
             row for k, (name, _) in ((k, TOOLS[i % len(TOOLS)]) for k, i in enumerate(range(start, stop)))

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin
 from django.contrib.admin.filters import AllValuesFieldListFilter
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
@@ -28,6 +29,7 @@ from . import admin_views, runs
 from .admin_forms import DecisionForm
 from .display import mark_hidden, preview, reveal
 from .models import AgentRun, CallStatus, Decision, PendingApproval, RunEvent, RunMessage, ToolCall
+from .permissions import CAPABILITIES
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -41,7 +43,7 @@ DECIDE_PERMISSION = "nexo_django.decide_toolcall"
 class AgentFilter(admin.SimpleListFilter):
     title = "agent"
     parameter_name = "agent"
-    field = "run__agent"
+    field = "agent"  # ToolCall.agent, copied from the run: filtered from an index
 
     def lookups(self, request: HttpRequest, model_admin: ModelAdmin[Any]) -> list[tuple[str, str]]:
         paths = model_admin.get_queryset(request).order_by().values_list(self.field, flat=True).distinct()
@@ -54,6 +56,20 @@ class AgentFilter(admin.SimpleListFilter):
 
 class RunAgentFilter(AgentFilter):
     field = "agent"
+
+
+class CapabilityFilter(admin.SimpleListFilter):
+    """The capabilities are a fixed list: no query over the calls to find them."""
+
+    title = "capability"
+    parameter_name = "capability"
+
+    def lookups(self, request: HttpRequest, model_admin: ModelAdmin[Any]) -> list[tuple[str, str]]:
+        return [(c, c) for c in (*CAPABILITIES, "mcp")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(capability=value) if value else queryset
 
 
 class AgeFilter(admin.SimpleListFilter):
@@ -159,7 +175,7 @@ def _started_by(run: AgentRun) -> str:
 class PendingApprovalAdmin(NexoModelAdmin):
     list_display = ("requested", "agent", "run_column", "tool", "capability", "arguments", "age", "started_by")
     list_display_links = ("requested", "tool")
-    list_filter = (AgentFilter, ("name", ToolFilter), "capability", AgeFilter)
+    list_filter = (AgentFilter, ("name", ToolFilter), CapabilityFilter, AgeFilter)
     search_fields = ("run__id", "name")
     search_help_text = "Search by run id or tool name."
     ordering = ("created_at", "id")
@@ -272,8 +288,18 @@ class AgentRunAdmin(NexoModelAdmin):
     detail_template = "admin/nexo_django/agentrun/detail.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[AgentRun]:
-        pending = Count("tool_calls", filter=Q(tool_calls__status=CallStatus.PENDING_APPROVAL))
-        return super().get_queryset(request).annotate(pending_count=pending)
+        # A correlated count, computed for the rows of the page only (not every run, as a
+        # GROUP BY would).
+        pending = (
+            ToolCall.objects.filter(run=OuterRef("pk"), status=CallStatus.PENDING_APPROVAL)
+            .order_by()
+            .values("run")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        return super().get_queryset(request).annotate(
+            pending_count=Coalesce(Subquery(pending, output_field=IntegerField()), 0)
+        )
 
     @admin.display(description="run", ordering="created_at")
     def short_id(self, obj: AgentRun) -> str:

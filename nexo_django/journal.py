@@ -166,7 +166,7 @@ class DbJournal(Journal):
             self._write_buffers()
             if row is None:
                 row = ToolCall.objects.create(
-                    run_id=self.run.pk, tool_call_id=call["id"], name=call["name"],
+                    run_id=self.run.pk, agent=self.run.agent, tool_call_id=call["id"], name=call["name"],
                     capability=tool.capability, args=args, digest=args_digest(args),
                     status=CallStatus.EXECUTING, idempotent=tool.idempotent,
                 )
@@ -216,7 +216,8 @@ class DbJournal(Journal):
             tool = self.agent.toolset().get(p.name)
             self.new_pending.append(
                 ToolCall(
-                    run_id=self.run.pk, tool_call_id=p.id, name=p.name, capability=p.capability,
+                    run_id=self.run.pk, agent=self.run.agent, tool_call_id=p.id, name=p.name,
+                    capability=p.capability,
                     args=p.args, digest=args_digest(p.args), status=CallStatus.PENDING_APPROVAL,
                     idempotent=bool(tool and tool.idempotent),
                 )

@@ -146,6 +146,8 @@ class ToolCall(models.Model):
 
     run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="tool_calls")
     tool_call_id = models.CharField(max_length=128)
+    #: The run's agent, copied so the inbox filters by agent from an index, without a join.
+    agent = models.CharField(max_length=255, default="", blank=True)
     name = models.CharField(max_length=200)
     capability = models.CharField(max_length=20)
     args = models.JSONField(default=dict)
@@ -163,7 +165,9 @@ class ToolCall(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "created_at"], name="nexo_call_status_created"),
-            models.Index(fields=["run", "status"], name="nexo_call_run_status"),
+            models.Index(fields=["run", "status", "created_at"], name="nexo_call_run_status_created"),
+            models.Index(fields=["status", "agent"], name="nexo_call_status_agent"),
+            models.Index(fields=["status", "name"], name="nexo_call_status_name"),
         ]
         permissions = [("decide_toolcall", "Can approve or deny pending tool calls")]
 

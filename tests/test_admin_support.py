@@ -104,7 +104,8 @@ def pending_rows(n: int, *, agents: int = 5, user: Any = None) -> list[ToolCall]
     for i in range(n):
         args = {"path": f"f{i}.txt", "content": "x" * (i % 7)}
         calls.append(ToolCall(
-            run=runs[i % agents], tool_call_id=f"call_{i}", name="write" if i % 2 else "shell",
+            run=runs[i % agents], agent=runs[i % agents].agent, tool_call_id=f"call_{i}",
+            name="write" if i % 2 else "shell",
             capability="write" if i % 2 else "shell", args=args, digest=args_digest(args),
             status=CallStatus.PENDING_APPROVAL,
         ))
