@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -31,40 +32,83 @@ if TYPE_CHECKING:
 log = logging.getLogger("nexo_django.journal")
 
 
+class _Heartbeats:
+    """One daemon thread per process renews the lease of every run this process is driving, so
+    the reconciler only takes runs whose worker is really gone. (A thread per drive would cost a
+    start and a join on every step of every run.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        #: token -> [run id, lease, last renewal (monotonic)]
+        self._held: dict[str, list[Any]] = {}
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def hold(self, run_id: Any, token: str, lease: timedelta) -> None:
+        with self._lock:
+            self._held[token] = [run_id, lease, time.monotonic()]
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                # After a fork (rq's work horse) the parent's thread does not exist here.
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="nexo-heartbeat")
+                self._thread.start()
+        self._wake.set()
+
+    def release(self, token: str) -> None:
+        with self._lock:
+            self._held.pop(token, None)
+
+    def _due(self) -> tuple[list[tuple[str, Any, timedelta]], float]:
+        now = time.monotonic()
+        due: list[tuple[str, Any, timedelta]] = []
+        wait = 60.0
+        with self._lock:
+            for token, entry in self._held.items():
+                run_id, lease, last = entry
+                every = max(lease.total_seconds() / 3, 0.2)
+                if now - last >= every:
+                    due.append((token, run_id, lease))
+                    entry[2] = now
+                    wait = min(wait, every)
+                else:
+                    wait = min(wait, every - (now - last))
+            idle = not self._held
+        return due, (3600.0 if idle else wait)
+
+    def _loop(self) -> None:
+        while True:
+            due, wait = self._due()
+            for token, run_id, lease in due:
+                try:
+                    AgentRun.objects.filter(pk=run_id, lease_owner=token, status=RunStatus.RUNNING).update(
+                        lease_expires_at=timezone.now() + lease
+                    )
+                except DatabaseError as exc:  # the next beat tries again; the fence stays the guard
+                    log.warning("run %s: heartbeat failed: %s", run_id, exc)
+            if due:
+                connection.close()  # an idle process keeps no connection open for this thread
+            self._wake.wait(wait)
+            self._wake.clear()
+
+
+_heartbeats = _Heartbeats()
+
+
 class Heartbeat:
-    """Renews the run's lease from a thread of its own while the loop waits on a slow model or
-    tool, so the reconciler only takes runs whose worker is really gone."""
+    """``with Heartbeat(run_id, token, lease):`` keeps the run's lease renewed meanwhile."""
 
     def __init__(self, run_id: Any, token: str, lease: timedelta) -> None:
         self.run_id = run_id
         self.token = token
         self.lease = lease
-        self.interval = max(lease.total_seconds() / 3, 0.2)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, daemon=True, name=f"nexo-heartbeat-{run_id}")
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        _heartbeats.hold(self.run_id, self.token, self.lease)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _beat(self) -> None:
-        try:
-            while not self._stop.wait(self.interval):
-                try:
-                    held = AgentRun.objects.filter(
-                        pk=self.run_id, lease_owner=self.token, status=RunStatus.RUNNING
-                    ).update(lease_expires_at=timezone.now() + self.lease)
-                except DatabaseError as exc:  # the next beat tries again; the fence stays the guard
-                    log.warning("run %s: heartbeat failed: %s", self.run_id, exc)
-                    continue
-                if not held:
-                    return
-        finally:
-            connection.close()
+        _heartbeats.release(self.token)
 
 
 def crash_point(name: str) -> None:
@@ -90,8 +134,13 @@ def capped(value: Any, limit: int) -> Any:
 
 
 class DbJournal(Journal):
-    def __init__(self, run: AgentRun, token: str, agent: Agent) -> None:
-        messages = list(RunMessage.objects.filter(run=run).order_by("seq").values_list("data", flat=True))
+    def __init__(
+        self, run: AgentRun, token: str, agent: Agent, *, messages: list[Message] | None = None
+    ) -> None:
+        if messages is None:
+            messages = list(RunMessage.objects.filter(run=run).order_by("seq").values_list("data", flat=True))
+        else:
+            messages = [dict(m) for m in messages]
         super().__init__(messages)
         self.run = run
         self.token = token

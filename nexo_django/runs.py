@@ -145,8 +145,9 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
             options={**options, "_live": sorted(live)} if live else options, generation=1,
             workspace=agent.workspace.spec() if agent.workspace.kind == "virtual" else None,
         )
+        messages = agent.initial_messages(prompt)
         RunMessage.objects.bulk_create(
-            RunMessage(run=run, seq=i, role=m["role"], data=m) for i, m in enumerate(agent.initial_messages(prompt))
+            RunMessage(run=run, seq=i, role=m["role"], data=m) for i, m in enumerate(messages)
         )
         _event(run.pk, "created", agent=cls.path(), later=later)
     if live:
@@ -154,7 +155,7 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
     if later:
         dispatch.enqueue_run(run.pk, run.generation)
     else:
-        execute_run(str(run.pk), agent=agent)
+        execute_run(str(run.pk), agent=agent, run=run, messages=messages)
         run.refresh_from_db()
     return run
 
@@ -183,8 +184,12 @@ def build_agent(run: AgentRun) -> Agent:
 # --- executing -----------------------------------------------------------------------------------
 
 
-def execute_run(run_id: str, *, agent: Agent | None = None) -> str:
-    """Claim the run and drive the loop until it finishes or suspends. Safe to call twice."""
+def execute_run(
+    run_id: str, *, agent: Agent | None = None, run: AgentRun | None = None,
+    messages: list[dict[str, Any]] | None = None,
+) -> str:
+    """Claim the run and drive the loop until it finishes or suspends. Safe to call twice.
+    ``run``, ``agent`` and ``messages`` spare the reads when the caller just created the run."""
     from .journal import DbJournal, Heartbeat
 
     token = uuid.uuid4().hex
@@ -196,11 +201,14 @@ def execute_run(run_id: str, *, agent: Agent | None = None) -> str:
     if not claimed:
         return "skipped"
     _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING)
-    run = AgentRun.objects.get(pk=run_id)
+    if run is None:
+        run = AgentRun.objects.get(pk=run_id)
+    else:
+        run.status, run.lease_owner, run.lease_expires_at = RunStatus.RUNNING, token, now + lease
     journal: DbJournal | None = None
     try:
         agent = agent or build_agent(run)
-        journal = DbJournal(run, token, agent)
+        journal = DbJournal(run, token, agent, messages=messages)
         with Heartbeat(run_id, token, lease):
             outcome = agent.drive(journal)
     except LeaseLost:
