@@ -181,6 +181,8 @@ class PendingApprovalAdmin(NexoModelAdmin):
     ordering = ("created_at", "id")
     list_select_related = ("run", "run__created_by")
     list_per_page = 50
+    # The paginator counts the filtered calls; a second count of all of them is not worth a scan.
+    show_full_result_count = False
     actions = ["approve_selected", "deny_selected"]
     decision_template = "admin/nexo_django/pendingapproval/decision.html"
     review_template = "admin/nexo_django/pendingapproval/review_edit.html"
@@ -252,8 +254,7 @@ class PendingApprovalAdmin(NexoModelAdmin):
         context = getattr(response, "context_data", None) or {}
         cl = context.get("cl")
         if cl is not None:
-            total = cl.full_result_count if cl.full_result_count is not None else cl.result_count
-            context["title"] = f"Pending approvals ({total} waiting)"
+            context["title"] = f"Pending approvals ({cl.result_count} waiting)"
         return response
 
     @method_decorator(xframe_options_deny)
