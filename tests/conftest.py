@@ -195,3 +195,34 @@ def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "counter.txt"
     monkeypatch.setenv("NEXO_TEST_COUNTER", str(path))
     return path
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+BROWSER_WAIT = 15
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """Debian's headless Chromium driven by Selenium; a missing browser fails with the fix."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        pytest.fail(
+            f"headless browser tests need {CHROMIUM} and {CHROMEDRIVER}: apt-get install chromium chromium-driver",
+            pytrace=False,
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-first-run", "--window-size=1280,720", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    # Service with an explicit path: Selenium Manager never looks for (or downloads) a driver.
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(BROWSER_WAIT)
+    try:
+        yield driver
+    finally:
+        driver.quit()

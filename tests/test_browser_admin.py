@@ -7,13 +7,11 @@ NEXO_UPDATE_SCREENSHOTS=1 also to docs/img/ for docs/admin.md and the README.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -25,8 +23,6 @@ from tests.test_admin_support import INBOX, make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 DOC_IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
 WAIT = 15
@@ -47,28 +43,6 @@ class ReleaseWriter(Agent):
     sandbox = "local"
     permissions = "approve"
     instructions = "You keep the project's release notes."
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        message = f"headless browser tests need {CHROMIUM} and {CHROMEDRIVER}: apt-get install chromium chromium-driver"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--window-size=1280,720", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(flag)
-    # Service with an explicit path: Selenium Manager never looks for (or downloads) a driver.
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(WAIT)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def log_in(driver: webdriver.Chrome, base: str, username: str, password: str) -> None:

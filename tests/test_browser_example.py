@@ -3,14 +3,12 @@ the admin inbox, and watch the run's page turn to done by itself (scripted model
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -20,22 +18,6 @@ from nexo_django.models import AgentRun
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 WAIT = 15  # seconds; the run page polls every 3 s while a run waits
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
-    driver.set_page_load_timeout(WAIT)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
