@@ -226,3 +226,14 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture
+def example(settings: Any, tmp_path: Path) -> Path:
+    """The example project's app and URLs on top of the test settings; returns its workspace."""
+    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "example_project.notes"]
+    settings.ROOT_URLCONF = "example_project.urls"
+    settings.LOGIN_URL = "login"
+    settings.NOTES_WORKSPACE = tmp_path / "workspace"
+    settings.NOTES_MODEL = None
+    return tmp_path / "workspace"

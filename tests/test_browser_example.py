@@ -20,16 +20,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 WAIT = 15  # seconds; the run page polls every 3 s while a run waits
 
 
-@pytest.fixture
-def example(settings: Any, tmp_path: Path) -> Path:
-    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "example_project.notes"]
-    settings.ROOT_URLCONF = "example_project.urls"
-    settings.LOGIN_URL = "login"
-    settings.NOTES_WORKSPACE = tmp_path / "workspace"
-    settings.NOTES_MODEL = None
-    return tmp_path / "workspace"
-
-
 def status_of(driver: webdriver.Chrome) -> str:
     return str(driver.find_element(By.ID, "run-status").get_attribute("data-status"))
 

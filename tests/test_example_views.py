@@ -24,13 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def example(settings: Any, tmp_path: Path) -> Path:
-    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "example_project.notes"]
-    settings.ROOT_URLCONF = "example_project.urls"
-    settings.LOGIN_URL = "login"
-    settings.NOTES_WORKSPACE = tmp_path / "workspace"
-    settings.NOTES_MODEL = None
-    return tmp_path / "workspace"
+def _example(example: Path) -> Path:
+    return example
 
 
 def login(username: str, *perms: str) -> tuple[User, Client]:
