@@ -165,8 +165,8 @@ def add_pending(ins: Inserter, start: int, stop: int) -> None:
             )
         ))  # fmt: skip
         payloads = [ins.value({"turn": 1, "n": n}) for n in range(EVENTS_PER_RUN)]
-        ins.insert(RunEvent, ["run_id", "seq", "type", "data", "created_at"], (
-            (run_ids[k], n, EVENT_TYPES[n % len(EVENT_TYPES)], payloads[n], when[k])
+        ins.insert(RunEvent, ["run_id", "type", "data", "created_at"], (
+            (run_ids[k], EVENT_TYPES[n % len(EVENT_TYPES)], payloads[n], when[k])
             for k in range(len(ids)) for n in range(EVENTS_PER_RUN)
         ))  # fmt: skip
     if ins.pg:

@@ -294,7 +294,6 @@ class Agent:
             versions=_seen_versions(messages),
             fetch_allow=self.fetch_hosts,
             search_backend=self.search,
-            mcp=self._mcp,
         )
 
     # --- the loop ------------------------------------------------------------------------

@@ -119,10 +119,6 @@ class AgentRun(models.Model):
 
         return retry_run(self, by=by)
 
-    def refresh(self) -> AgentRun:
-        self.refresh_from_db()
-        return self
-
 
 class RunMessage(models.Model):
     """One transcript message; appended, never rewritten."""
@@ -233,8 +229,9 @@ class Decision(models.Model):
 
 
 class RunEvent(models.Model):
+    """One step of a run, in the order of ``id`` (appended, never rewritten)."""
+
     run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="events")
-    seq = models.PositiveIntegerField(default=0)
     type = models.CharField(max_length=40)
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -244,7 +241,7 @@ class RunEvent(models.Model):
         indexes = [models.Index(fields=["run", "id"], name="nexo_event_run_id")]
 
     def __str__(self) -> str:
-        return f"{self.type} #{self.seq}"
+        return f"{self.type} #{self.pk}"
 
 
 class PendingApproval(ToolCall):

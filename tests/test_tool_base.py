@@ -37,3 +37,10 @@ def test_a_remote_ref_in_a_schema_is_never_fetched() -> None:
     listener.close()
     assert connections == []
     assert "error" in result and ran == []
+
+
+def test_a_tool_without_an_implementation_is_refused_when_declared() -> None:
+    import pytest
+
+    with pytest.raises(TypeError, match="run="):
+        Tool("t", "", {"type": "object"}, capability="read", idempotent=True)

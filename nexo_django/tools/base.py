@@ -70,8 +70,6 @@ class ToolContext:
     versions: dict[str, str] = field(default_factory=dict)
     fetch_allow: tuple[str, ...] = ()
     search_backend: Callable[[str, int], Any] | None = None
-    #: set by the agent when MCP servers are declared (``nexo_django.mcp``).
-    mcp: Any = None
 
 
 def error(message: str) -> ToolResult:
@@ -96,6 +94,8 @@ class Tool:
             raise ValueError(
                 f"tool {name!r}: unknown capability {capability!r}; expected one of {', '.join(CAPABILITIES)}"
             )
+        if run is None and type(self).execute is Tool.execute:
+            raise TypeError(f"tool {name!r}: pass run=... or subclass Tool and override execute()")
         self.name = name
         self.description = description
         self.parameters = parameters
@@ -143,8 +143,7 @@ class Tool:
         ctx.permissions.authorize(self.capability, self.detail(args))
 
     def execute(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        if self._run is None:
-            raise NotImplementedError(f"tool {self.name} has no implementation")
+        assert self._run is not None  # checked in __init__
         return self._run(args, ctx)
 
     def invoke(self, args: Any, ctx: ToolContext) -> ToolResult:
