@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import tempfile
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+
+from tests.dburl import parse_database_url
 
 SECRET_KEY = "bench-only-not-secret"
 DEBUG = False  # production-like: cached templates, no query log unless a benchmark captures it
@@ -61,28 +62,8 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 
 
-def _database(url: str) -> dict[str, Any]:
-    parts = urlsplit(url)
-    if parts.scheme in ("postgres", "postgresql"):
-        return {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": unquote(parts.path.lstrip("/")),
-            "USER": unquote(parts.username or ""),
-            "PASSWORD": unquote(parts.password or ""),
-            "HOST": parts.hostname or "",
-            "PORT": str(parts.port or ""),
-        }
-    if parts.scheme == "sqlite":
-        # Query parameters become OPTIONS, e.g. ?init_command=PRAGMA%20journal_mode%3DWAL
-        database: dict[str, Any] = {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parts.path[1:])}
-        if parts.query:
-            database["OPTIONS"] = dict(parse_qsl(parts.query))
-        return database
-    raise ValueError(f"BENCH_DB_URL {url!r}: use sqlite:////path or postgres://user@host:port/name")
-
-
 DATABASES = {
-    "default": _database(
+    "default": parse_database_url(
         os.environ.get("BENCH_DB_URL")
         or "sqlite:///" + os.path.join(tempfile.mkdtemp(prefix="nexo-bench-"), "bench.sqlite3")
     )

@@ -15,7 +15,8 @@ import json
 import os
 import tempfile
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+
+from tests.dburl import parse_database_url
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
@@ -59,31 +60,6 @@ TEMPLATES = [
         },
     }
 ]
-
-
-def parse_database_url(url: str) -> dict[str, Any]:
-    """A ``DATABASES`` entry from ``postgres://user:password@host:port/name?option=value``
-    (``postgresql://`` too) or ``sqlite:///relative/path`` / ``sqlite:////absolute/path``."""
-    parts = urlsplit(url)
-    if parts.scheme in ("postgres", "postgresql"):
-        name = unquote(parts.path.lstrip("/"))
-        if not name:
-            raise ValueError(f"DATABASE_URL {url!r} names no database: add /NAME after host:port")
-        return {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": name,
-            "USER": unquote(parts.username or ""),
-            "PASSWORD": unquote(parts.password or ""),
-            "HOST": parts.hostname or "",
-            "PORT": str(parts.port or ""),
-            "OPTIONS": dict(parse_qsl(parts.query)),
-        }
-    if parts.scheme == "sqlite":
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parts.path[1:]) or ":memory:"}
-    raise ValueError(
-        f"DATABASE_URL scheme {parts.scheme!r} is not supported; use "
-        "postgres://user:password@host:port/name or sqlite:///path"
-    )
 
 
 # Worker subprocesses and the test process share one SQLite file: WAL lets readers and a

@@ -16,9 +16,9 @@ import pytest
 from django.contrib.auth.models import Group
 from django.db import connection
 
+from tests.dburl import parse_database_url
 from tests.jobs_for_tests import copy_group, hold
 from tests.servers import PostgresServer, RedisServer, pid_alive, port_open, wait_until
-from tests.settings import parse_database_url
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
