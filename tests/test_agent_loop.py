@@ -109,7 +109,7 @@ def test_scripted_ask_with_on_ask_allowing_writes() -> None:
     sandbox = files()
     model = ScriptedModel([tool_call("write", path="notes.txt", content="hi"), reply("Done.")])
     result = Agent(model=model, sandbox=sandbox, permissions=gate).prompt("write")
-    assert asked == [("write", "notes.txt")]
+    assert asked == [("write", "/notes.txt")]
     assert sandbox.files == {"notes.txt": b"hi"}
     assert result.tool_calls[0].result["bytes_written"] == 2
 
@@ -120,7 +120,7 @@ def test_scripted_ask_with_on_ask_refusing_does_not_write() -> None:
     sandbox = files()
     model = ScriptedModel([tool_call("write", path="notes.txt", content="hi"), reply("Refused.")])
     result = Agent(model=model, sandbox=sandbox, permissions=gate).prompt("write")
-    assert asked == [("write", "notes.txt")]
+    assert asked == [("write", "/notes.txt")]
     assert sandbox.files == {}
     assert "said no" in result.tool_calls[0].result["error"]
     assert result.content == "Refused."
@@ -131,14 +131,14 @@ def test_scripted_ask_when_narrows_what_is_asked() -> None:
     gate = Permissions(
         "ask",
         on_ask=lambda cap, detail: asked.append(detail) and False,
-        ask_when=lambda cap, detail: str(detail).startswith("src/"),
+        ask_when=lambda cap, detail: str(detail).startswith("/src/"),
     )
     sandbox = files()
     model = ScriptedModel(
         [[tool_call("write", path="notes.txt", content="a"), tool_call("write", path="src/app.py", content="b")], reply("ok")]
     )
     result = Agent(model=model, sandbox=sandbox, permissions=gate).prompt("write both")
-    assert asked == ["src/app.py"]
+    assert asked == ["/src/app.py"]
     assert sandbox.files == {"notes.txt": b"a"}
     assert "error" in result_of(result, "call_0_1")
 

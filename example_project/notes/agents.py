@@ -12,7 +12,6 @@ provider, and its answers say that they are scripted.
 
 from __future__ import annotations
 
-import posixpath
 from typing import Any
 
 from nexo_django import Agent, Permissions
@@ -38,13 +37,14 @@ NOTES = """# Release notes, version 1.0
 def needs_a_person(capability: str, detail: Any) -> bool:
     """The ``approve_when`` predicate: True sends the call to the inbox.
 
-    Fails closed: only a write whose normalised path lies outside the protected folder passes.
+    The gate hands a write its normalised path rooted at "/" (``/published/notes.md``). Fails
+    closed: only a write whose path lies outside the protected folder passes.
     """
-    if capability != "write" or not isinstance(detail, str):
+    if capability != "write" or not isinstance(detail, str) or not detail.startswith("/"):
         return True
-    top = posixpath.normpath(detail).split("/", 1)[0]
+    top = detail.split("/", 2)[1]
     # casefold: "Published/" is the same folder on a case-insensitive file system.
-    return top.casefold() in (PROTECTED_FOLDER, "..", ".", "")
+    return top.casefold() == PROTECTED_FOLDER
 
 
 class Scribe(Agent):

@@ -35,8 +35,8 @@ MAX_NAME_CHARS = 255
 
 def normalize_relative(path: str) -> str:
     """The one place a model's path becomes ``a/b/c`` relative to a sandbox root, or is refused:
-    empty, NUL bytes, absolute or ``~``, ``..`` anywhere, the root itself, over-long names and
-    paths, names that are not valid file-name text. (Confinement itself is enforced by each
+    empty, NUL bytes, absolute or ``~``, ``..`` anywhere, the root itself, a trailing ``/`` or
+    ``/.``, over-long names and paths, names that are not valid file-name text. (Confinement itself is enforced by each
     sandbox on what it opens; this only refuses what can never be right.)"""
     if not isinstance(path, str) or not path:
         raise SecurityError("a path must be a non-empty string")
@@ -51,6 +51,10 @@ def normalize_relative(path: str) -> str:
         raise SecurityError(f"path {path!r} contains '..'; paths stay inside the sandbox")
     if not parts:
         raise SecurityError(f"path {path!r} names the sandbox root, not a file")
+    if path.rsplit("/", 1)[-1] in ("", "."):
+        # "app.py/" and "app.py/." name a folder; a gate predicate on "app.py" must not be
+        # sidestepped by a spelling the file system would read as the file.
+        raise SecurityError(f"path {path!r} ends with '/' or '/.'; name the file without it")
     for part in parts:
         try:
             encoded = os.fsencode(part)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..sandboxes.base import StaleWrite
+from ..errors import SecurityError
+from ..sandboxes.base import Sandbox, StaleWrite, normalize_relative
 from .base import Tool, ToolContext, error
 
 
@@ -61,11 +62,42 @@ def _write(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"path": rel, "bytes_written": len(data), "created": current is None, "version": version}
 
 
-def _path_detail(args: dict[str, Any]) -> Any:
-    return args.get("path")
+def gate_path(sandbox: Sandbox, path: Any) -> Any:
+    """What the gate sees of a file path: the sandbox's normalised path, rooted at ``/``
+    (``./notes//a.txt`` is ``/notes/a.txt``). A path the sandbox refuses is passed as given:
+    the call fails with ``SecurityError`` when it runs, whatever the gate answers."""
+    try:
+        return "/" + sandbox.normalize(path)
+    except SecurityError:
+        return path
 
 
-READ = Tool(
+class PathTool(Tool):
+    """A tool whose ``path`` argument names a file in the sandbox (``read``, ``write``).
+
+    Its arguments carry the normalised path from validation on, so the inbox, the audit and the
+    call that runs see one path; the gate (``ask_when``, ``on_ask``) sees it rooted:
+    ``/notes/a.txt``."""
+
+    def validate(self, args: Any) -> dict[str, Any]:
+        args = super().validate(args)
+        try:
+            path = normalize_relative(args["path"])
+        except SecurityError:
+            return args  # refused, loudly and audited, when the call runs
+        return {**args, "path": path}
+
+    def detail(self, args: dict[str, Any]) -> Any:
+        try:
+            return "/" + normalize_relative(args.get("path"))
+        except SecurityError:
+            return args.get("path")
+
+    def gate(self, args: dict[str, Any], ctx: ToolContext) -> None:
+        ctx.permissions.authorize(self.capability, gate_path(ctx.sandbox, args.get("path")))
+
+
+READ = PathTool(
     "read",
     "Read a text file in the workspace. Large files are cut at a byte cap and say so.",
     {
@@ -77,7 +109,6 @@ READ = Tool(
     capability="read",
     idempotent=True,
     run=_read,
-    detail=_path_detail,
 )
 
 GLOB = Tool(
@@ -95,7 +126,7 @@ GLOB = Tool(
     detail=lambda args: args.get("pattern"),
 )
 
-WRITE = Tool(
+WRITE = PathTool(
     "write",
     "Create or replace a text file. An existing file must be read first; "
     "the write is refused if it changed since.",
@@ -111,5 +142,4 @@ WRITE = Tool(
     capability="write",
     idempotent=False,
     run=_write,
-    detail=_path_detail,
 )
