@@ -89,8 +89,8 @@ class PathTool(Tool):
 
     def detail(self, args: dict[str, Any]) -> Any:
         try:
-            return "/" + normalize_relative(args.get("path"))
-        except SecurityError:
+            return "/" + normalize_relative(args["path"])
+        except (KeyError, SecurityError):
             return args.get("path")
 
     def gate(self, args: dict[str, Any], ctx: ToolContext) -> None:
