@@ -90,6 +90,12 @@ class Sandbox(ABC):
     def check_writable(self, path: str) -> str:
         """Normalise ``path`` and refuse protected names; ``SecurityError`` otherwise."""
         rel = self.normalize(path)
+        if any(part.casefold() == ".git" for part in rel.split("/")):
+            # Whatever the protected list says: a hook, a config (core.fsmonitor, core.pager),
+            # or a ".git" file pointing elsewhere runs code the next time someone uses git,
+            # in any repository nested anywhere in the workspace. casefold: ".GIT" is ".git"
+            # on a case-insensitive file system.
+            raise SecurityError(f"{rel!r} is inside a .git folder (or is one) and is never written")
         for pattern in self.protected:
             if fnmatch.fnmatchcase(rel, pattern) or fnmatch.fnmatchcase(posixpath.basename(rel), pattern):
                 raise SecurityError(f"{rel!r} is a protected name ({pattern}) and is never written")
