@@ -57,9 +57,27 @@ def test_environment_is_fresh_and_minimal(ws: Path, monkeypatch: pytest.MonkeyPa
     env = dict(line.split("=", 1) for line in result["stdout"].splitlines())
     assert "hunter2" not in result["stdout"]
     assert "LD_PRELOAD" not in env and "BASH_ENV" not in env and "PYTHONPATH" not in env
-    assert set(env) <= {"PATH", "HOME", "LANG", "TMPDIR", "PWD", "SHLVL", "_", "OLDPWD"}
+    assert set(env) <= {"PATH", "HOME", "LANG", "TMPDIR", "PYTHONNOUSERSITE", "PWD", "SHLVL", "_", "OLDPWD"}
     assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin"
-    assert env["HOME"] == os.path.realpath(ws) and env["LANG"] == "C.UTF-8"
+    assert env["LANG"] == "C.UTF-8" and env["PYTHONNOUSERSITE"] == "1"
+
+
+def test_home_is_private_empty_fresh_and_removed_afterwards(ws: Path) -> None:
+    command = 'echo "$HOME"; stat -c %a "$HOME"; ls -A "$HOME" | wc -l; echo x > "$HOME/.bash_history"'
+    first, second = shell(ws, command), shell(ws, command)
+    home, mode, entries = first["stdout"].split()
+    assert (mode, entries) == ("700", "0")
+    assert not home.startswith(os.path.realpath(ws)) and not os.path.exists(home)
+    assert second["stdout"].split()[1:] == ["700", "0"]  # nothing the first command left
+    assert second["stdout"].split()[0] != home
+    assert os.listdir(ws) == []
+
+
+def test_python_user_site_packages_are_off(ws: Path) -> None:
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.fail("this test needs /usr/bin/python3 (apt-get install python3)")
+    result = shell(ws, "python3 -c 'import site; print(site.ENABLE_USER_SITE)'")
+    assert result["stdout"] == "False\n"
 
 
 def test_bash_env_of_the_worker_is_not_sourced(ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,3 +199,60 @@ def test_scripted_read_only_agent_is_not_offered_shell(ws: Path) -> None:
     model = ScriptedModel([reply("nothing to do")])
     Agent(cwd=ws, sandbox="local", model=model).prompt("go")
     assert "shell" not in model.requests[0]["tools"]
+
+
+# --- the worker's environment through /proc ---------------------------------------------------------
+
+#: Plays a worker holding a secret in its environment. As root it first becomes an unprivileged
+#: user (root reads any process's environ, dumpable or not: the docs say so), and sets itself
+#: dumpable again as a worker started as that user would be (a uid change clears the flag).
+WORKER = r"""
+import ctypes, json, os, subprocess, sys
+from nexo_django.sandboxes.local import LocalSandbox
+from nexo_django.sandboxes.shell import is_dumpable
+sandbox = LocalSandbox(sys.argv[1])
+if os.geteuid() == 0:
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+    ctypes.CDLL(None).prctl(4, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+before = subprocess.run(["/bin/cat", f"/proc/{os.getpid()}/environ"], capture_output=True).stdout.decode()
+result = sandbox.shell("cat /proc/$PPID/environ; echo; id -u", timeout=10, max_output=65536)
+print(json.dumps({"uid": os.getuid(), "before": before, "result": result, "dumpable": is_dumpable()}))
+"""
+
+
+@pytest.fixture
+def open_ws() -> Iterator[Path]:
+    """A workspace an unprivileged user can enter (pytest's tmp_path is private to its owner)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="nexo-environ-"))
+    if os.geteuid() == 0:
+        os.chown(folder, 65534, 65534)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_workers_environment_is_not_readable_through_proc_ppid(open_ws: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    secret = "nexo-test-secret-" + os.urandom(8).hex()
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": "/tmp", "NEXO_TEST_WORKER_SECRET": secret}
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER, str(open_ws)], env=env, cwd=open_ws, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["uid"] != 0  # an unprivileged reader, as the worker's own user
+    assert secret in seen["before"]  # a reader of the same user could read it before the shell ran
+    result = seen["result"]
+    assert secret not in result["stdout"] and secret not in result["stderr"]
+    assert "Permission denied" in result["stderr"]
+    assert result["stdout"].split()[-1] == str(seen["uid"])  # the command did run, as that user
+    assert seen["dumpable"] is False

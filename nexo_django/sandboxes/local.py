@@ -14,12 +14,7 @@ import fnmatch
 import hashlib
 import os
 import secrets
-import selectors
-import shutil
-import signal
 import stat
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -27,6 +22,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, SecurityError
 from .base import DEFAULT_PROTECTED, MAX_PATH_CHARS, FileRead, GlobResult, Sandbox, StaleWrite
+from .shell import run_shell
 from .virtual import _glob_match
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -36,10 +32,6 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
 _CHUNK = 64 * 1024
-
-SHELL_PATH = "/usr/local/bin:/usr/bin:/bin"
-#: Past this many bytes of output (beyond the cap) a command is stopped rather than drained.
-SHELL_DRAIN_FACTOR = 16
 
 
 def _version(st: os.stat_result) -> str:
@@ -276,11 +268,7 @@ class LocalSandbox(Sandbox):
         """Run ``/bin/sh -c command`` in the root. Not a sandbox: it limits, it does not confine."""
         fd = self._open_root()  # refuses a root that was swapped since construction
         os.close(fd)
-        tmpdir = tempfile.mkdtemp(prefix="nexo-shell-")
-        try:
-            return _run_shell(command, self.root, tmpdir, timeout, max_output)
-        finally:
-            shutil.rmtree(tmpdir, ignore_errors=True)
+        return run_shell(command, self.root, timeout, max_output)
 
     def spec(self) -> dict[str, Any]:
         return {"kind": "local", "root": self.root, "protected": list(self.protected)}
@@ -351,94 +339,3 @@ class _Walk:
                     if len(self.found) >= self.max_entries:
                         self._stop(f"more than {self.max_entries} entries")
                     self.found.append(rel)
-
-
-# --- shell ---------------------------------------------------------------------------------
-
-
-def _shell_env(root: str, tmpdir: str) -> dict[str, str]:
-    # Built from nothing: the worker's environment (secrets, LD_PRELOAD, BASH_ENV) never leaks in.
-    return {"PATH": SHELL_PATH, "HOME": root, "LANG": "C.UTF-8", "TMPDIR": tmpdir}
-
-
-def _killpg(pgid: int) -> None:
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _exited(pid: int) -> bool:
-    """Whether the child exited, without reaping it: while it is a zombie its pid (the process
-    group id) cannot be reused, so killing the group after this is safe."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None
-    except ChildProcessError:
-        return True
-
-
-def _run_shell(command: str, cwd: str, tmpdir: str, timeout: float, max_output: int) -> dict[str, Any]:
-    proc = subprocess.Popen(
-        ["/bin/sh", "-c", command],
-        cwd=cwd,
-        env=_shell_env(cwd, tmpdir),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own session and process group, killed as a whole
-        close_fds=True,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    deadline = time.monotonic() + timeout
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    kept: dict[int, bytearray] = {out_fd: bytearray(), err_fd: bytearray()}
-    drained = 0
-    truncated = timed_out = flooded = False
-    selector = selectors.DefaultSelector()
-    try:
-        for fd in (out_fd, err_fd):
-            selector.register(fd, selectors.EVENT_READ)
-        while selector.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            for key, _ in selector.select(left):
-                chunk = os.read(key.fd, _CHUNK)
-                if not chunk:
-                    selector.unregister(key.fd)
-                    continue
-                buffer = kept[key.fd]
-                room = max_output - len(buffer)
-                if len(chunk) > room:
-                    truncated = True
-                    drained += len(chunk) - max(room, 0)
-                buffer += chunk[: max(room, 0)]
-            if drained > SHELL_DRAIN_FACTOR * max_output + _CHUNK:
-                flooded = True
-                break
-        while not timed_out and not flooded and not _exited(proc.pid):
-            if time.monotonic() >= deadline:
-                timed_out = True
-                break
-            time.sleep(0.005)
-        # Whatever the command left behind in its group (background jobs) dies with it.
-        _killpg(proc.pid)
-        code = proc.wait()
-    finally:
-        selector.close()
-        proc.stdout.close()
-        proc.stderr.close()
-        if proc.returncode is None:
-            _killpg(proc.pid)
-            proc.wait()
-    stdout, stderr = (bytes(kept[fd]).decode("utf-8", "replace") for fd in (out_fd, err_fd))
-    if timed_out:
-        return {
-            "error": f"shell: command timed out after {timeout:g} s",
-            "stdout": stdout,
-            "stderr": stderr,
-            "truncated": truncated,
-        }
-    result: dict[str, Any] = {"exit_code": code, "stdout": stdout, "stderr": stderr, "truncated": truncated}
-    if flooded:
-        result["note"] = f"the command was stopped: it wrote far more than the {max_output}-byte cap"
-    return result
