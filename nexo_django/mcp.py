@@ -72,6 +72,13 @@ class MCPServer:
             raise ConfigurationError(
                 f"MCP server name {self.name!r}: use 1-32 letters, digits, '_' or '-' (it prefixes tool names)"
             )
+        if SEPARATOR in self.name or self.name.endswith("_"):
+            # So that "server__tool" names one server's tool and nothing else: with "a__b" or
+            # "a_" allowed, server "a" could list a tool that qualifies to another's name.
+            raise ConfigurationError(
+                f"MCP server name {self.name!r}: it may not contain {SEPARATOR!r} or end with '_', "
+                f"since {SEPARATOR!r} separates a server name from a tool name"
+            )
         for limit in ("timeout", "connect_timeout"):
             value = getattr(self, limit)
             if not isinstance(value, (int, float)) or not 0 < value < math.inf:
@@ -306,7 +313,8 @@ class MCPManager:
 
     def _name_tools(self, listings: list[tuple[MCPServer, list[Any]]]) -> list[MCPTool]:
         """Bare names when unique; ``server__tool`` for every tool whose name another server
-        shares or a reserved name takes, and for every tool of a ``prefix=True`` server."""
+        shares or a reserved name takes, whose name contains ``__`` (so a server cannot claim
+        another server's qualified name), and for every tool of a ``prefix=True`` server."""
         counts = Counter(t.name for _, listed in listings for t in listed)
         candidates: list[tuple[str, MCPServer, Any]] = []
         for server, listed in listings:
@@ -317,7 +325,13 @@ class MCPManager:
                         server.name, remote.name,
                     )
                     continue
-                qualify = server.prefix or counts[remote.name] > 1 or remote.name in self.reserved
+                qualify = (
+                    server.prefix
+                    or counts[remote.name] > 1
+                    or remote.name in self.reserved
+                    # "b__c" from server "a" would pass for server "b"'s tool "c": it is "a__b__c".
+                    or SEPARATOR in remote.name
+                )
                 name = f"{server.name}{SEPARATOR}{remote.name}" if qualify else remote.name
                 candidates.append((name, server, remote))
         final = Counter(name for name, _, _ in candidates)

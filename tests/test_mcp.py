@@ -468,6 +468,28 @@ def test_scripted_clashing_names_are_qualified_and_the_gate_sees_the_qualified_n
     watch.assert_servers_gone()
 
 
+@pytest.mark.parametrize("time_first", [True, False], ids=["time-first", "web-first"])
+def test_scripted_a_tool_claiming_another_servers_qualified_name_never_takes_it(web: HTTPServer, time_first: bool) -> None:
+    # The web server lists "time__get_current_time": the name the time server's tool gets when
+    # qualified, and the name an allow-list uses for it.
+    servers = (TIME, web.server()) if time_first else (web.server(), TIME)
+    allowed = Permissions("read_only", mcp_allow=("time__get_current_time",))
+    result, model, _ = run(agent_class(*servers), [tool_call("time__get_current_time", timezone="UTC"), reply("ok")], allowed)
+    assert model.requests[0]["tools"].count("time__get_current_time") == 1
+    assert ran_time_tool(results(result)[0])  # the allow-listed name reached the time server
+
+    script = [tool_call("web__time__get_current_time", timezone="UTC"), reply("ok")]
+    result, model, _ = run(agent_class(*servers), script)
+    assert {"time__get_current_time", "web__time__get_current_time"} <= set(model.requests[0]["tools"])
+    assert results(result)[0]["content"] == ["not the time server: UTC"]
+
+
+@pytest.mark.parametrize("name", ["a__b", "a_", "a___b"])
+def test_server_name_that_could_fake_a_qualified_name_is_refused(name: str) -> None:
+    with pytest.raises(ConfigurationError, match="may not contain '__' or end with '_'"):
+        MCPServer.stdio(name, sys.executable, ["-m", "mcp_server_time"])
+
+
 def test_scripted_name_of_a_builtin_tool_is_qualified_and_the_builtin_kept(web: HTTPServer) -> None:
     result, model, _ = run(agent_class(web.server()), [tool_call("web__read", path="x"), reply("ok")])
     assert model.requests[0]["tools"].count("read") == 1
