@@ -147,6 +147,10 @@ class NexoModelAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    @method_decorator(xframe_options_deny)
+    def history_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().history_view(request, object_id, extra_context)
+
     def get_transcript(self, request: HttpRequest, run: AgentRun) -> QuerySet[RunMessage]:
         """The messages of ``run`` a person may read, in order."""
         return RunMessage.objects.filter(run=run).order_by("seq")

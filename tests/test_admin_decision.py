@@ -250,6 +250,25 @@ def test_pages_refuse_framing(ann: Any, scribe_call: ToolCall) -> None:
         assert client.get(url)["X-Frame-Options"] == "DENY"
 
 
+def test_history_pages_refuse_framing_whatever_the_project_allows(
+    ann: Any, scribe_call: ToolCall, settings: Any
+) -> None:
+    # A project that lets its own pages be framed by itself must not get framable admin pages.
+    settings.X_FRAME_OPTIONS = "SAMEORIGIN"
+    client = client_for(ann)
+    pages = [
+        f"/admin/nexo_django/pendingapproval/{scribe_call.pk}/history/",
+        f"/admin/nexo_django/agentrun/{scribe_call.run_id}/history/",
+    ]
+    for url in pages:
+        response = client.get(url)
+        assert response.status_code == 200 and response["X-Frame-Options"] == "DENY", url
+    decide(client, scribe_call, "approve")
+    decision = Decision.objects.get(tool_call=scribe_call)
+    response = client.get(f"/admin/nexo_django/decision/{decision.pk}/history/")
+    assert response.status_code == 200 and response["X-Frame-Options"] == "DENY"
+
+
 @pytest.mark.redis
 def test_with_a_redis_queue_the_decision_only_enqueues_the_resume(
     ann: Any, scribe_call: ToolCall, tmp_path: Path, redis_queue_settings: Any
