@@ -65,7 +65,7 @@ def _write(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 def gate_path(sandbox: Sandbox, path: Any) -> Any:
     """What the gate sees of a file path: the sandbox's normalised path, rooted at ``/``
     (``./notes//a.txt`` is ``/notes/a.txt``). A path the sandbox refuses is passed as given:
-    the call fails with ``SecurityError`` when it runs, whatever the gate answers."""
+    should the gate let the call through, it fails with ``SecurityError`` when it runs."""
     try:
         return "/" + sandbox.normalize(path)
     except SecurityError:
