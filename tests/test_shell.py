@@ -237,18 +237,24 @@ def open_ws() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_the_workers_environment_is_not_readable_through_proc_ppid(open_ws: Path) -> None:
+def as_unprivileged_worker(script: str, ws: Path, **env: str) -> dict[str, Any]:
     import json
     import subprocess
     import sys
 
-    secret = "nexo-test-secret-" + os.urandom(8).hex()
-    env = {"PATH": "/usr/bin:/bin", "TMPDIR": "/tmp", "NEXO_TEST_WORKER_SECRET": secret}
     done = subprocess.run(
-        [sys.executable, "-c", WORKER, str(open_ws)], env=env, cwd=open_ws, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", script, str(ws)],
+        env={"PATH": "/usr/bin:/bin", "TMPDIR": "/tmp", **env},
+        cwd=ws, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
+    seen: dict[str, Any] = json.loads(done.stdout)
+    return seen
+
+
+def test_the_workers_environment_is_not_readable_through_proc_ppid(open_ws: Path) -> None:
+    secret = "nexo-test-secret-" + os.urandom(8).hex()
+    seen = as_unprivileged_worker(WORKER, open_ws, NEXO_TEST_WORKER_SECRET=secret)
     assert seen["uid"] != 0  # an unprivileged reader, as the worker's own user
     assert secret in seen["before"]  # a reader of the same user could read it before the shell ran
     result = seen["result"]
@@ -256,3 +262,16 @@ def test_the_workers_environment_is_not_readable_through_proc_ppid(open_ws: Path
     assert "Permission denied" in result["stderr"]
     assert result["stdout"].split()[-1] == str(seen["uid"])  # the command did run, as that user
     assert seen["dumpable"] is False
+
+
+LOCKER = WORKER.replace(
+    'result = sandbox.shell("cat /proc/$PPID/environ; echo; id -u", timeout=10, max_output=65536)',
+    'result = sandbox.shell(\'mkdir -p "$HOME/locked/in" && touch "$HOME/locked/in/f" && chmod 000 "$HOME/locked" && echo "$HOME"\', timeout=10, max_output=65536)',
+)
+
+
+def test_a_home_the_command_locked_is_still_removed(open_ws: Path) -> None:
+    seen = as_unprivileged_worker(LOCKER, open_ws)
+    assert seen["uid"] != 0  # root would remove it whatever its modes
+    home = seen["result"]["stdout"].strip()
+    assert home.endswith("/home") and not os.path.exists(os.path.dirname(home))

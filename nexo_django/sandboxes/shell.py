@@ -4,7 +4,7 @@ What a command gets (docs/sandboxes.md): ``/bin/sh -c`` in the workspace, an env
 from nothing (PATH, a private empty HOME and TMPDIR made for this command and removed after it,
 LANG, PYTHONNOUSERSITE), no stdin, no inherited descriptors, its own session and process group
 (killed as a whole at the timeout and when the command ends), output capped in bytes. Before
-the first command, the process that runs it is made non-dumpable, so the command cannot read the
+each command, the process that runs it is made non-dumpable, so the command cannot read the
 worker's environment through ``/proc/$PPID/environ`` (unless it runs as root).
 """
 
@@ -87,8 +87,10 @@ def _remove(path: str) -> None:
     def retry(function: Any, name: str, exc: BaseException) -> None:
         with suppress(OSError):
             parent = os.path.dirname(name)
+            if os.path.islink(parent) or os.path.islink(name):
+                return  # chmod follows links: never change anything outside the scratch folder
             os.chmod(parent, stat.S_IRWXU)
-            if os.path.isdir(name) and not os.path.islink(name):
+            if os.path.isdir(name):
                 os.chmod(name, stat.S_IRWXU)
                 shutil.rmtree(name, ignore_errors=True)
             else:
