@@ -275,3 +275,32 @@ def test_a_home_the_command_locked_is_still_removed(open_ws: Path) -> None:
     assert seen["uid"] != 0  # root would remove it whatever its modes
     home = seen["result"]["stdout"].strip()
     assert home.endswith("/home") and not os.path.exists(os.path.dirname(home))
+
+
+def test_root_still_reads_a_non_dumpable_workers_environment(open_ws: Path) -> None:
+    # The caveat docs/sandboxes.md states: the flag stops the worker's own user, not root
+    # (CAP_SYS_PTRACE). This test process is the reader; as an unprivileged user it is refused.
+    import subprocess
+    import sys
+
+    secret = "nexo-test-secret-" + os.urandom(8).hex()
+    holder = (
+        "import sys\nfrom nexo_django.sandboxes.local import LocalSandbox\n"
+        "LocalSandbox(sys.argv[1]).shell('true', timeout=10, max_output=100)\n"
+        "print('ready', flush=True)\nsys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", holder, str(open_ws)], env={"PATH": "/usr/bin:/bin", "NEXO_TEST_WORKER_SECRET": secret},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        environ = Path(f"/proc/{child.pid}/environ")
+        assert os.stat(environ).st_uid == 0  # non-dumpable: its /proc files are root's
+        if os.geteuid() == 0:
+            assert secret in environ.read_bytes().decode()
+        else:
+            with pytest.raises(PermissionError):
+                environ.read_bytes()
+    finally:
+        child.communicate("", timeout=10)
