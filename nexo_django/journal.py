@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from .agent import CallDecision, Journal, open_calls
 from .conf import nexo_settings
-from .errors import LeaseLost, PendingCall
+from .errors import LeaseLost, PendingCall, SecurityError
 from .llm.base import Message, add_usage
 from .models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall, args_digest
 
@@ -198,9 +198,18 @@ class DbJournal(Journal):
 
     # --- calls -------------------------------------------------------------------------------
 
-    def decision_for(self, call_id: str) -> CallDecision | None:
-        row = self.calls.get(call_id)
-        decision = getattr(row, "decision", None) if row is not None else None
+    def decision_for(self, call: dict[str, Any]) -> CallDecision | None:
+        row = self.calls.get(call["id"])
+        if row is None:
+            return None
+        if row.name != call["name"] or row.digest != args_digest(call.get("args")):
+            # Ids are unique within a run (the loop renames reused ones), so only a run stored
+            # before that can get here. Its decision was made on another call: never apply it.
+            raise SecurityError(
+                f"call {call['id']}: the recorded {row.name} call with this id is a different call "
+                "(other name or arguments); its decision is not applied"
+            )
+        decision = getattr(row, "decision", None)
         if decision is None:
             return None
         return CallDecision(decision.approved, decision.note, decision.args, decision.stop)
