@@ -378,10 +378,11 @@ class Agent:
         base = self._context or self.context(journal.messages)
         toolset = self.toolset()
         pending: list[PendingCall] = []
-        stop = False
-        for call in calls:
+        decisions = [journal.decision_for(call) for call in calls]
+        # Deny and stop on any call of the turn: no other call of it runs, even an approved one.
+        stop = any(d is not None and d.stop and not d.approved for d in decisions)
+        for call, decision in zip(calls, decisions, strict=True):
             tool = toolset.get(call["name"])
-            decision = journal.decision_for(call)
             journal.emit("tool_call", {"id": call["id"], "name": call["name"]})
             if call.get("error"):
                 result = error(f"{call['name']}: {call['error']}")
@@ -390,7 +391,8 @@ class Agent:
             elif decision is not None and not decision.approved:
                 note = f": {decision.note}" if decision.note else ""
                 result = error(f"{call['name']} denied by the approver{note}")
-                stop = stop or decision.stop
+            elif stop:
+                result = error(f"{call['name']} not run: the approver stopped the run")
             else:
                 proposed = decision.args if decision is not None and decision.args is not None else call.get("args")
                 gate = self.gate.with_decision(decision.verdict()) if decision is not None else self.gate

@@ -244,7 +244,7 @@ class DbJournal(Journal):
         with transaction.atomic():
             self._fence()
             self._write_buffers()
-            if row is not None and row.status != CallStatus.DENIED:
+            if row is not None and row.status not in (CallStatus.DENIED, CallStatus.EXPIRED):
                 status = CallStatus.FAILED if "error" in result else CallStatus.SUCCEEDED
                 ToolCall.objects.filter(pk=row.pk).update(
                     status=status, result=capped(result, self.event_limit), updated_at=timezone.now()

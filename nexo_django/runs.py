@@ -314,8 +314,14 @@ def decide(
             digest=args_digest(args) if args is not None else call.digest,
             decided_by=_user(by), source=source,
         )
+        expired = 0
+        if stop and not approved:
+            # Deny and stop ends the run now: no other call of it runs, decided or not.
+            expired = ToolCall.objects.filter(
+                run_id=run.pk, status__in=(CallStatus.PENDING_APPROVAL, CallStatus.APPROVED)
+            ).update(status=CallStatus.EXPIRED, updated_at=timezone.now())
         _event(run.pk, "decision", call=call.tool_call_id, verdict=str(verdict), edited=args is not None,
-               by=str(_user(by) or ""), source=source)
+               by=str(_user(by) or ""), source=source, **({"expired": expired} if expired else {}))
         # Wake the run only when no call of it is still pending: one statement, no race.
         wake(run, RunStatus.SUSPENDED, ~Exists(
             ToolCall.objects.filter(run_id=OuterRef("pk"), status=CallStatus.PENDING_APPROVAL)

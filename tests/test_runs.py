@@ -78,6 +78,33 @@ def test_scripted_deny_and_stop_cancels_without_asking_the_model_again(tmp_path:
     assert not (tmp_path / "notes.txt").exists()
 
 
+def test_scripted_deny_and_stop_in_a_parallel_turn_stops_at_once_and_expires_the_rest(tmp_path: Path) -> None:
+    run = ParallelScribe.run("two writes", cwd=tmp_path)
+    first, second = run.pending_calls()
+    first.approve()  # approved earlier: it must not run either
+    second.deny(note="no", stop=True)
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    assert run.error == "stopped by the approver"
+    assert not (tmp_path / "a.txt").exists() and not (tmp_path / "b.txt").exists()
+    statuses = {c.args["path"]: c.status for c in ToolCall.objects.filter(run=run, name="write")}
+    assert statuses == {"a.txt": CallStatus.EXPIRED, "b.txt": CallStatus.DENIED}
+    results = {m["tool_call_id"]: m["content"] for m in run.transcript() if m["role"] == "tool"}
+    assert results[first.tool_call_id] == {"error": "write not run: the approver stopped the run"}
+
+
+def test_scripted_a_call_expired_by_deny_and_stop_cannot_be_approved_later(tmp_path: Path) -> None:
+    run = ParallelScribe.run("two writes", cwd=tmp_path)
+    first, second = run.pending_calls()
+    first.deny(stop=True)
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED  # at once: the second call's decision is not awaited
+    with pytest.raises(AlreadyDecided):
+        ToolCall.objects.get(pk=second.pk).approve()
+    assert ToolCall.objects.get(pk=second.pk).status == CallStatus.EXPIRED
+    assert not (tmp_path / "a.txt").exists() and not (tmp_path / "b.txt").exists()
+
+
 def test_scripted_nothing_that_ran_runs_again(counter: Path) -> None:
     model = ScriptedModel(
         [tool_call("bump", label="first"), tool_call("bump", label="second"), reply("ok")]
