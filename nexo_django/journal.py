@@ -150,6 +150,8 @@ class DbJournal(Journal):
         self.lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
         self._messages: list[RunMessage] = []
         self._events: list[RunEvent] = []
+        #: the last model reply is only buffered: it must be saved before any of its calls runs
+        self._reply_unsaved = False
         open_ids = [c["id"] for c in open_calls(messages)]
         self.calls: dict[str, ToolCall] = {
             c.tool_call_id: c
@@ -164,22 +166,24 @@ class DbJournal(Journal):
             RunMessage(run_id=self.run.pk, seq=self.next_seq, role=message.get("role", ""), data=message)
         )
         self.next_seq += 1
+        if message.get("role") == "assistant":
+            self._reply_unsaved = True
 
     def before_model(self) -> None:
-        # Save the last turn (its assistant message and the results of idempotent calls) before
-        # paying for the next model call. Non-idempotent calls were saved as they ran; a final
-        # answer is saved with the run's last status change.
-        if self._messages:
+        # A reply none of whose calls ran (all refused) is saved before the next request, so the
+        # model is never asked for it again. The results of idempotent calls are not: they go
+        # with the next reply's commit, and a crash before it only runs them again.
+        if self._reply_unsaved:
             self.flush()
 
     def emit(self, type: str, data: dict[str, Any]) -> None:
         super().emit(type, data)
         self._events.append(RunEvent(run_id=self.run.pk, type=type, data=capped(data, self.event_limit)))
 
-    def _fence(self) -> None:
+    def _fence(self, **fields: Any) -> None:
         updated = AgentRun.objects.filter(
             pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING
-        ).update(lease_expires_at=timezone.now() + self.lease)
+        ).update(lease_expires_at=timezone.now() + self.lease, **fields)
         if not updated:
             raise LeaseLost(f"run {self.run.pk} is no longer held by this worker")
 
@@ -187,6 +191,7 @@ class DbJournal(Journal):
         if self._messages:
             RunMessage.objects.bulk_create(self._messages)
             self._messages = []
+            self._reply_unsaved = False
         if self._events:
             RunEvent.objects.bulk_create(self._events)
             self._events = []
@@ -215,10 +220,16 @@ class DbJournal(Journal):
         return CallDecision(decision.approved, decision.note, decision.args, decision.stop)
 
     def call_started(self, call: dict[str, Any], tool: Tool, args: dict[str, Any]) -> None:
-        crash_point("before_tool")
         row = self.calls.get(call["id"])
         if tool.idempotent and row is None:
+            # The model's reply is saved before the first of its calls runs (with what the
+            # previous turn left buffered): a crash from here on never asks the model again.
+            # A non-idempotent call saves it with its `executing` mark, below.
+            if self._reply_unsaved:
+                self.flush()
+            crash_point("before_tool")
             return
+        crash_point("before_tool")
         with transaction.atomic():
             self._fence()
             self._write_buffers()
@@ -241,8 +252,12 @@ class DbJournal(Journal):
             # Nothing to settle: the result is written with the next flush. Should the worker die
             # first, this idempotent call simply runs again.
             return
+        # A virtual sandbox's files are saved with the result that changed them: a worker dying
+        # before the run closes must not undo a write recorded as succeeded.
+        workspace = self.agent.workspace
+        saved = {"workspace": workspace.spec()} if workspace.kind == "virtual" and tool and not tool.idempotent else {}
         with transaction.atomic():
-            self._fence()
+            self._fence(**saved)
             self._write_buffers()
             if row is not None and row.status not in (CallStatus.DENIED, CallStatus.EXPIRED):
                 status = CallStatus.FAILED if "error" in result else CallStatus.SUCCEEDED
@@ -251,6 +266,7 @@ class DbJournal(Journal):
                 )
             elif row is not None:
                 ToolCall.objects.filter(pk=row.pk).update(result=result, updated_at=timezone.now())
+        crash_point("after_result")
 
     def call_failed(self, call: dict[str, Any], tool: Tool, exc: BaseException) -> None:
         row = self.calls.get(call["id"])
