@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from datetime import timedelta
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connection, transaction
@@ -135,8 +136,11 @@ def capped(value: Any, limit: int) -> Any:
 
 class DbJournal(Journal):
     def __init__(
-        self, run: AgentRun, token: str, agent: Agent, *, messages: list[Message] | None = None
+        self, run: AgentRun, token: str, agent: Agent, *, messages: list[Message] | None = None,
+        inserted: Callable[[], None] | None = None,
     ) -> None:
+        """``inserted``: the run is not stored yet; the first commit inserts it with ``messages``
+        (and the ``created`` event), then calls ``inserted`` inside that transaction."""
         if messages is None:
             messages = list(RunMessage.objects.filter(run=run).order_by("seq").values_list("data", flat=True))
         else:
@@ -150,6 +154,12 @@ class DbJournal(Journal):
         self.lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
         self._messages: list[RunMessage] = []
         self._events: list[RunEvent] = []
+        self._inserted = inserted
+        if inserted is not None:
+            self._messages = [
+                RunMessage(run_id=run.pk, seq=i, role=m.get("role", ""), data=m) for i, m in enumerate(messages)
+            ]
+            self.emit("created", {"agent": run.agent, "later": False})
         #: the last model reply is only buffered: it must be saved before any of its calls runs
         self._reply_unsaved = False
         open_ids = [c["id"] for c in open_calls(messages)]
@@ -180,7 +190,19 @@ class DbJournal(Journal):
         super().emit(type, data)
         self._events.append(RunEvent(run_id=self.run.pk, type=type, data=capped(data, self.event_limit)))
 
+    def _insert_run(self, **fields: Any) -> None:
+        """The first commit of a run started in this process stores the run itself."""
+        assert self._inserted is not None
+        for name, value in fields.items():
+            setattr(self.run, name, value)
+        self.run.save(force_insert=True)
+        self._inserted()
+        self._inserted = None
+
     def _fence(self, **fields: Any) -> None:
+        if self._inserted is not None:
+            self._insert_run(lease_expires_at=timezone.now() + self.lease, **fields)
+            return
         updated = AgentRun.objects.filter(
             pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING
         ).update(lease_expires_at=timezone.now() + self.lease, **fields)
@@ -321,9 +343,13 @@ class DbJournal(Journal):
         if status in (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED):
             values["finished_at"] = timezone.now()
         with transaction.atomic():
-            updated = AgentRun.objects.filter(
-                pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING
-            ).update(**values)
+            if self._inserted is not None:
+                self._insert_run(**values)
+                updated = 1
+            else:
+                updated = AgentRun.objects.filter(
+                    pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING
+                ).update(**values)
             if updated:
                 self._write_buffers()
                 if status == RunStatus.SUSPENDED:

@@ -139,24 +139,28 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
             live[key] = value
     # Build the agent now so a configuration error reaches the caller before anything is stored.
     agent = cls(**options, **live)
+    run = AgentRun(
+        agent=cls.path(), prompt=prompt, status=RunStatus.QUEUED, created_by=_user(user),
+        options={**options, "_live": sorted(live)} if live else options, generation=1,
+        workspace=agent.workspace.spec() if agent.workspace.kind == "virtual" else None,
+    )
+    messages = agent.initial_messages(prompt)
+    if live:
+        _LIVE_OPTIONS[str(run.pk)] = live
+    if not later:
+        # Stored by the first commit of its journal (at the latest: suspended or done), so a
+        # run that stops for a person costs one write transaction to start. Should this process
+        # die before that, no run exists: the caller never got one either.
+        _drive(run, uuid.uuid4().hex, agent, messages, unsaved=True)
+        run.refresh_from_db()
+        return run
     with transaction.atomic():
-        run = AgentRun.objects.create(
-            agent=cls.path(), prompt=prompt, status=RunStatus.QUEUED, created_by=_user(user),
-            options={**options, "_live": sorted(live)} if live else options, generation=1,
-            workspace=agent.workspace.spec() if agent.workspace.kind == "virtual" else None,
-        )
-        messages = agent.initial_messages(prompt)
+        run.save(force_insert=True)
         RunMessage.objects.bulk_create(
             RunMessage(run=run, seq=i, role=m["role"], data=m) for i, m in enumerate(messages)
         )
         _event(run.pk, "created", agent=cls.path(), later=later)
-    if live:
-        _LIVE_OPTIONS[str(run.pk)] = live
-    if later:
         dispatch.enqueue_run(run.pk, run.generation)
-    else:
-        execute_run(str(run.pk), agent=agent, run=run, messages=messages)
-        run.refresh_from_db()
     return run
 
 
@@ -184,14 +188,8 @@ def build_agent(run: AgentRun) -> Agent:
 # --- executing -----------------------------------------------------------------------------------
 
 
-def execute_run(
-    run_id: str, *, agent: Agent | None = None, run: AgentRun | None = None,
-    messages: list[dict[str, Any]] | None = None,
-) -> str:
-    """Claim the run and drive the loop until it finishes or suspends. Safe to call twice.
-    ``run``, ``agent`` and ``messages`` spare the reads when the caller just created the run."""
-    from .journal import DbJournal, Heartbeat
-
+def execute_run(run_id: str) -> str:
+    """Claim the run and drive the loop until it finishes or suspends. Safe to call twice."""
     token = uuid.uuid4().hex
     lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
     now = timezone.now()
@@ -201,14 +199,27 @@ def execute_run(
     if not claimed:
         return "skipped"
     _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING)
-    if run is None:
-        run = AgentRun.objects.get(pk=run_id)
-    else:
-        run.status, run.lease_owner, run.lease_expires_at = RunStatus.RUNNING, token, now + lease
+    return _drive(AgentRun.objects.get(pk=run_id), token, None, None)
+
+
+def _drive(
+    run: AgentRun, token: str, agent: Agent | None, messages: list[dict[str, Any]] | None, *,
+    unsaved: bool = False,
+) -> str:
+    """Drive a claimed run (``unsaved``: one not stored yet, which its journal's first commit inserts)."""
+    from .journal import DbJournal, Heartbeat
+
+    run_id = str(run.pk)
+    lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
+    if unsaved:
+        run.status, run.lease_owner, run.lease_expires_at = RunStatus.RUNNING, token, timezone.now() + lease
     journal: DbJournal | None = None
     try:
         agent = agent or build_agent(run)
-        journal = DbJournal(run, token, agent, messages=messages)
+        journal = DbJournal(
+            run, token, agent, messages=messages,
+            inserted=(lambda: _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING)) if unsaved else None,
+        )
         with Heartbeat(run_id, token, lease):
             outcome = agent.drive(journal)
     except LeaseLost:
@@ -221,6 +232,9 @@ def execute_run(
         if journal is not None:
             journal.emit("failed", {"error": message})
             journal.close(RunStatus.FAILED, error=message)
+        elif unsaved:
+            run.status, run.error, run.lease_owner, run.finished_at = RunStatus.FAILED, message, None, timezone.now()
+            run.save(force_insert=True)
         else:
             AgentRun.objects.filter(pk=run_id, lease_owner=token).update(
                 status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()

@@ -326,24 +326,27 @@ def test_scripted_idempotent_gated_call(counter: Path) -> None:
     assert ToolCall.objects.get(run=run).status == CallStatus.SUCCEEDED
 
 
-def test_pending_calls_appear_only_with_the_suspended_status(tmp_path: Path) -> None:
-    """No decision can land while the run still says running (it could never wake the run)."""
+@pytest.mark.parametrize(("start", "stored"), [("run_later", RunStatus.RUNNING), ("run", None)])
+def test_pending_calls_appear_only_with_the_suspended_status(tmp_path: Path, start: str, stored: str | None) -> None:
+    """No decision can land while the run still says running (it could never wake the run).
+    A run started with run() is not even stored before its suspension commits."""
     from nexo_django.journal import DbJournal
 
-    seen: list[tuple[str, int]] = []
+    seen: list[tuple[str | None, int]] = []
     original = DbJournal.suspend
 
     def spy(self: DbJournal, pending: list) -> None:
         original(self, pending)
-        run = AgentRun.objects.get()
-        seen.append((run.status, ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL).count()))
+        run = AgentRun.objects.first()
+        seen.append((run and run.status, ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL).count()))
 
     DbJournal.suspend = spy  # type: ignore[method-assign]
     try:
-        run = Scribe.run("write hi", cwd=tmp_path)
+        run = getattr(Scribe, start)("write hi", cwd=tmp_path)
     finally:
         DbJournal.suspend = original  # type: ignore[method-assign]
-    assert seen == [(RunStatus.RUNNING, 0)]
+    run.refresh_from_db()
+    assert seen == [(stored, 0)]
     assert run.status == RunStatus.SUSPENDED and run.pending_calls().count() == 1
 
 
