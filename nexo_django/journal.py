@@ -12,8 +12,8 @@ import os
 import signal
 import threading
 import time
-from datetime import timedelta
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connection, transaction
