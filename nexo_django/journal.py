@@ -137,10 +137,13 @@ def capped(value: Any, limit: int) -> Any:
 class DbJournal(Journal):
     def __init__(
         self, run: AgentRun, token: str, agent: Agent, *, messages: list[Message] | None = None,
-        inserted: Callable[[], None] | None = None,
+        start: str = "held", started: Callable[[], None] | None = None,
     ) -> None:
-        """``inserted``: the run is not stored yet; the first commit inserts it with ``messages``
-        (and the ``created`` event), then calls ``inserted`` inside that transaction."""
+        """``start`` says what the first commit does besides its own writes: ``"held"``: nothing,
+        this worker holds the run already; ``"claim"``: claim the ``queued`` run (a compare-and-set:
+        ``LeaseLost`` if another worker or a cancel came first); ``"insert"``: store the run, not
+        stored yet, with ``messages`` and its ``created`` event. ``started`` is called inside that
+        transaction."""
         if messages is None:
             messages = list(RunMessage.objects.filter(run=run).order_by("seq").values_list("data", flat=True))
         else:
@@ -154,8 +157,9 @@ class DbJournal(Journal):
         self.lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
         self._messages: list[RunMessage] = []
         self._events: list[RunEvent] = []
-        self._inserted = inserted
-        if inserted is not None:
+        self._start = start
+        self._started = started
+        if start == "insert":
             self._messages = [
                 RunMessage(run_id=run.pk, seq=i, role=m.get("role", ""), data=m) for i, m in enumerate(messages)
             ]
@@ -183,31 +187,39 @@ class DbJournal(Journal):
         # A reply none of whose calls ran (all refused) is saved before the next request, so the
         # model is never asked for it again. The results of idempotent calls are not: they go
         # with the next reply's commit, and a crash before it only runs them again.
-        if self._reply_unsaved:
+        if self._reply_unsaved or self._start == "claim":
+            # The model is only asked for a run this worker has claimed: a duplicate job stops
+            # here, before paying for a request.
             self.flush()
 
     def emit(self, type: str, data: dict[str, Any]) -> None:
         super().emit(type, data)
         self._events.append(RunEvent(run_id=self.run.pk, type=type, data=capped(data, self.event_limit)))
 
-    def _insert_run(self, **fields: Any) -> None:
-        """The first commit of a run started in this process stores the run itself."""
-        assert self._inserted is not None
-        for name, value in fields.items():
-            setattr(self.run, name, value)
-        self.run.save(force_insert=True)
-        self._inserted()
-        self._inserted = None
+    def _first_write(self, **fields: Any) -> bool:
+        """Claim or store the run in the first commit (see ``start``); False: not ours."""
+        if self._start == "insert":
+            for name, value in fields.items():
+                setattr(self.run, name, value)
+            self.run.save(force_insert=True)
+        elif not AgentRun.objects.filter(pk=self.run.pk, status=RunStatus.QUEUED).update(**fields):
+            return False
+        self._start = "held"
+        if self._started is not None:
+            self._started()
+        return True
 
     def _fence(self, **fields: Any) -> None:
-        if self._inserted is not None:
-            self._insert_run(lease_expires_at=timezone.now() + self.lease, **fields)
+        now = timezone.now()
+        if self._start != "held":
+            claim = {"status": RunStatus.RUNNING, "lease_owner": self.token, "updated_at": now}
+            if self._first_write(lease_expires_at=now + self.lease, **claim, **fields):
+                return
+        elif AgentRun.objects.filter(pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING).update(
+            lease_expires_at=now + self.lease, **fields
+        ):
             return
-        updated = AgentRun.objects.filter(
-            pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING
-        ).update(lease_expires_at=timezone.now() + self.lease, **fields)
-        if not updated:
-            raise LeaseLost(f"run {self.run.pk} is no longer held by this worker")
+        raise LeaseLost(f"run {self.run.pk} is no longer held by this worker")
 
     def _write_buffers(self) -> None:
         if self._messages:
@@ -343,9 +355,8 @@ class DbJournal(Journal):
         if status in (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED):
             values["finished_at"] = timezone.now()
         with transaction.atomic():
-            if self._inserted is not None:
-                self._insert_run(**values)
-                updated = 1
+            if self._start != "held":
+                updated = int(self._first_write(**values))
             else:
                 updated = AgentRun.objects.filter(
                     pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING

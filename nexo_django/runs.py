@@ -151,7 +151,7 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
         # Stored by the first commit of its journal (at the latest: suspended or done), so a
         # run that stops for a person costs one write transaction to start. Should this process
         # die before that, no run exists: the caller never got one either.
-        _drive(run, uuid.uuid4().hex, agent, messages, unsaved=True)
+        _drive(run, uuid.uuid4().hex, agent, messages, start="insert")
         run.refresh_from_db()
         return run
     with transaction.atomic():
@@ -189,36 +189,31 @@ def build_agent(run: AgentRun) -> Agent:
 
 
 def execute_run(run_id: str) -> str:
-    """Claim the run and drive the loop until it finishes or suspends. Safe to call twice."""
-    token = uuid.uuid4().hex
-    lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
-    now = timezone.now()
-    claimed = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
-        status=RunStatus.RUNNING, lease_owner=token, lease_expires_at=now + lease, updated_at=now
-    )
-    if not claimed:
+    """Drive a ``queued`` run until it finishes or suspends. Safe to call twice: the run is claimed
+    (compare-and-set) by the journal's first commit, together with what that commit writes (the
+    ``executing`` mark of an approved call, or before the first model request at the latest)."""
+    run = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).first()
+    if run is None:
         return "skipped"
-    _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING)
-    return _drive(AgentRun.objects.get(pk=run_id), token, None, None)
+    return _drive(run, uuid.uuid4().hex, None, None, start="claim")
 
 
 def _drive(
-    run: AgentRun, token: str, agent: Agent | None, messages: list[dict[str, Any]] | None, *,
-    unsaved: bool = False,
+    run: AgentRun, token: str, agent: Agent | None, messages: list[dict[str, Any]] | None, *, start: str,
 ) -> str:
-    """Drive a claimed run (``unsaved``: one not stored yet, which its journal's first commit inserts)."""
+    """Drive the run; ``start`` is the journal's (``"claim"`` a queued run, ``"insert"`` a new one)."""
     from .journal import DbJournal, Heartbeat
 
     run_id = str(run.pk)
     lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
-    if unsaved:
+    if start == "insert":
         run.status, run.lease_owner, run.lease_expires_at = RunStatus.RUNNING, token, timezone.now() + lease
     journal: DbJournal | None = None
     try:
         agent = agent or build_agent(run)
         journal = DbJournal(
-            run, token, agent, messages=messages,
-            inserted=(lambda: _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING)) if unsaved else None,
+            run, token, agent, messages=messages, start=start,
+            started=lambda: _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING),
         )
         with Heartbeat(run_id, token, lease):
             outcome = agent.drive(journal)
@@ -232,13 +227,14 @@ def _drive(
         if journal is not None:
             journal.emit("failed", {"error": message})
             journal.close(RunStatus.FAILED, error=message)
-        elif unsaved:
+        elif start == "insert":
             run.status, run.error, run.lease_owner, run.finished_at = RunStatus.FAILED, message, None, timezone.now()
             run.save(force_insert=True)
-        else:
-            AgentRun.objects.filter(pk=run_id, lease_owner=token).update(
+        else:  # the agent could not be rebuilt: nothing was claimed yet
+            AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
                 status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()
             )
+            _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING)
         _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
         return "failed"
     if outcome.kind == "done":

@@ -115,11 +115,11 @@ def test_killed_before_a_tool_is_recovered_and_finishes_once(
     run = wait_status(Bumper.run_later("bump"), RunStatus.SUSPENDED)
     run.resume(approved=True)
     wait_until(lambda: (tmp_path / "crashed-once").exists(), timeout=WAIT, what="the crash")
-    time.sleep(0.5)
-    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.RUNNING
-    expire_lease(run)
-    report = reconcile()
-    assert report.requeued == [str(run.pk)]
+    # The worker claims a resumed run in the commit that marks its call executing, after this
+    # point: the run is still queued, and its job failed when the work horse died.
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.QUEUED
+    requeued = wait_until(lambda: reconcile(stale_after=0).requeued, timeout=WAIT, what="the recovery")
+    assert requeued == [str(run.pk)]
     run = wait_status(run, RunStatus.DONE)
     assert run.recoveries == 1
     assert count(counter) == ["one"]
@@ -132,12 +132,13 @@ def test_a_run_whose_worker_keeps_dying_gives_up_with_the_reason(
     crash_in_worker(rq_worker, monkeypatch, "before_tool")  # every time
     run = wait_status(Bumper.run_later("bump"), RunStatus.SUSPENDED)
     run.resume(approved=True)
-    for _ in range(3):
-        wait_until(lambda: AgentRun.objects.get(pk=run.pk).lease_owner is not None, timeout=WAIT,
-                   what="a worker to claim the run")
-        time.sleep(0.5)
-        expire_lease(run)
-        reconcile()
+    def dead_job_found() -> str | None:
+        report = reconcile(stale_after=0)
+        return "failed" if report.failed else "requeued" if report.requeued else None
+
+    # Each time the work horse dies before the run's first commit.
+    recovered = [wait_until(dead_job_found, timeout=WAIT, what="the reconciler to find the dead job") for _ in range(3)]
+    assert recovered == ["requeued", "requeued", "failed"]
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
     assert "gave up after 2 recoveries" in run.error
