@@ -230,11 +230,12 @@ def _drive(
         elif start == "insert":
             run.status, run.error, run.lease_owner, run.finished_at = RunStatus.FAILED, message, None, timezone.now()
             run.save(force_insert=True)
-        else:  # the agent could not be rebuilt: nothing was claimed yet
-            AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
-                status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()
-            )
+        elif AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+            status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()
+        ):  # the agent could not be rebuilt: nothing was claimed yet
             _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING)
+        else:
+            return "skipped"
         _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
         return "failed"
     if outcome.kind == "done":

@@ -316,6 +316,17 @@ def test_scripted_duplicate_job_is_a_no_op(tmp_path: Path, counter: Path) -> Non
     assert count(counter) == ["one"]
 
 
+def test_a_queued_run_whose_agent_cannot_be_rebuilt_fails_with_the_reason() -> None:
+    from nexo_django.runs import execute_run
+
+    run = AgentRun.objects.create(agent="tests.no_such_module.Agent", prompt="x", status=RunStatus.QUEUED)
+    assert execute_run(str(run.pk)) == "failed"
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "cannot import agent 'tests.no_such_module.Agent'" in run.error
+    assert execute_run(str(run.pk)) == "skipped"
+
+
 def test_scripted_idempotent_gated_call(counter: Path) -> None:
     run = Looker.run("look")
     assert run.status == RunStatus.SUSPENDED
