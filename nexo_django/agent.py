@@ -77,7 +77,8 @@ class Journal:
         self._count(message)
 
     def before_model(self) -> None:
-        """Called before each model request: a durable journal saves what the last turn did."""
+        """Called before each model request: a durable journal saves the last reply if none of its
+        calls did, so a reply is never asked for twice."""
 
     def decision_for(self, call: dict[str, Any]) -> CallDecision | None:
         """The person's decision on this call (its id, name and arguments), if there is one."""
