@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -59,17 +61,27 @@ class Journal:
         self.messages: list[Message] = list(messages or [])
         self.on_event = on_event
         #: assistant turns so far, kept as messages are appended (the loop's cost stays flat)
-        self.turns = sum(1 for m in self.messages if m.get("role") == "assistant")
+        self.turns = 0
+        #: every tool call id of the run so far: an id names one call, never two
+        self.call_ids: set[str] = set()
+        for message in self.messages:
+            self._count(message)
+
+    def _count(self, message: Message) -> None:
+        if message.get("role") == "assistant":
+            self.turns += 1
+            self.call_ids.update(str(c.get("id") or "") for c in message.get("tool_calls") or ())
 
     def append(self, message: Message) -> None:
         self.messages.append(message)
-        if message.get("role") == "assistant":
-            self.turns += 1
+        self._count(message)
 
     def before_model(self) -> None:
-        """Called before each model request: a durable journal saves what the last turn did."""
+        """Called before each model request: a durable journal saves the last reply if none of its
+        calls did, so a reply is never asked for twice."""
 
-    def decision_for(self, call_id: str) -> CallDecision | None:
+    def decision_for(self, call: dict[str, Any]) -> CallDecision | None:
+        """The person's decision on this call (its id, name and arguments), if there is one."""
         return None
 
     def call_started(self, call: dict[str, Any], tool: Tool, args: dict[str, Any]) -> None:
@@ -120,6 +132,29 @@ class Reply:
             if m.get("role") == "assistant":
                 add_usage(usage, m.get("usage"))
         return cls(content, messages, usage, calls)
+
+
+_UNSAFE_ID = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def unique_call_ids(message: Message, used: set[str]) -> Message:
+    """``message`` with every tool call id that ``used`` (or an earlier call of the same turn)
+    holds already, or that is empty, renamed: a decision belongs to one call, so a model reusing
+    an id must not inherit another call's approval. New ids match ``^[a-zA-Z0-9_-]+$``, which
+    Anthropic requires of ids sent back to it."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    seen = set(used)
+    renamed: list[dict[str, Any]] = []
+    for call in calls:
+        call_id = str(call.get("id") or "")
+        if not call_id or call_id in seen:
+            base = _UNSAFE_ID.sub("_", call_id)[:64] or "call"
+            call = {**call, "id": f"{base}_{uuid.uuid4().hex[:12]}"}
+        seen.add(call["id"])
+        renamed.append(call)
+    return {**message, "tool_calls": renamed}
 
 
 def open_calls(messages: list[Message]) -> list[dict[str, Any]]:
@@ -330,7 +365,7 @@ class Agent:
         journal.before_model()
         journal.emit("model_request", {"turn": turn, "messages": len(journal.messages), "tools": len(specs)})
         completion = self.llm.complete(journal.messages, specs)
-        message = dict(completion.message)
+        message = unique_call_ids(dict(completion.message), journal.call_ids)
         message["usage"] = dict(completion.usage)
         journal.append(message)
         names = [c.get("name") for c in message.get("tool_calls") or ()]
@@ -344,10 +379,11 @@ class Agent:
         base = self._context or self.context(journal.messages)
         toolset = self.toolset()
         pending: list[PendingCall] = []
-        stop = False
-        for call in calls:
+        decisions = [journal.decision_for(call) for call in calls]
+        # Deny and stop on any call of the turn: no other call of it runs, even an approved one.
+        stop = any(d is not None and d.stop and not d.approved for d in decisions)
+        for call, decision in zip(calls, decisions, strict=True):
             tool = toolset.get(call["name"])
-            decision = journal.decision_for(call["id"])
             journal.emit("tool_call", {"id": call["id"], "name": call["name"]})
             if call.get("error"):
                 result = error(f"{call['name']}: {call['error']}")
@@ -356,11 +392,12 @@ class Agent:
             elif decision is not None and not decision.approved:
                 note = f": {decision.note}" if decision.note else ""
                 result = error(f"{call['name']} denied by the approver{note}")
-                stop = stop or decision.stop
+            elif stop:
+                result = error(f"{call['name']} not run: the approver stopped the run")
             else:
                 proposed = decision.args if decision is not None and decision.args is not None else call.get("args")
                 gate = self.gate.with_decision(decision.verdict()) if decision is not None else self.gate
-                ctx = dataclasses.replace(base, permissions=gate)
+                ctx = dataclasses.replace(base, permissions=gate, call_id=call["id"])
                 try:
                     args = tool.validate(proposed)
                     tool.gate(args, ctx)

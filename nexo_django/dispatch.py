@@ -85,9 +85,24 @@ setting_changed.connect(_forget_queues, dispatch_uid="nexo_django.dispatch.forge
 
 def job_exists(run_id: Any, generation: int) -> bool:
     """Whether Redis still holds the run's current job (False for inline queues)."""
+    return job_status(run_id, generation) is not None
+
+
+#: rq job statuses of a job that will still run, or runs now.
+LIVE_JOB_STATUSES = frozenset({"created", "queued", "started", "deferred", "scheduled"})
+
+
+def job_status(run_id: Any, generation: int) -> str | None:
+    """The rq status of the run's current job (``"failed"`` when its work horse died), or None
+    when Redis holds no such job (always None for inline queues)."""
     if is_inline():
-        return False
+        return None
+    from rq.exceptions import NoSuchJobError
     from rq.job import Job
 
     queue = get_queue()
-    return bool(Job.exists(job_id(run_id, generation), connection=queue.connection))
+    try:
+        status = Job.fetch(job_id(run_id, generation), connection=queue.connection).get_status()
+    except NoSuchJobError:
+        return None
+    return str(status.value if hasattr(status, "value") else status) if status is not None else None

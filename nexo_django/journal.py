@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from django.utils import timezone
 
 from .agent import CallDecision, Journal, open_calls
 from .conf import nexo_settings
-from .errors import LeaseLost, PendingCall
+from .errors import LeaseLost, PendingCall, SecurityError
 from .llm.base import Message, add_usage
 from .models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall, args_digest
 
@@ -135,8 +136,14 @@ def capped(value: Any, limit: int) -> Any:
 
 class DbJournal(Journal):
     def __init__(
-        self, run: AgentRun, token: str, agent: Agent, *, messages: list[Message] | None = None
+        self, run: AgentRun, token: str, agent: Agent, *, messages: list[Message] | None = None,
+        start: str = "held", started: Callable[[], None] | None = None,
     ) -> None:
+        """``start`` says what the first commit does besides its own writes: ``"held"``: nothing,
+        this worker holds the run already; ``"claim"``: claim the ``queued`` run (a compare-and-set:
+        ``LeaseLost`` if another worker or a cancel came first); ``"insert"``: store the run, not
+        stored yet, with ``messages`` and its ``created`` event. ``started`` is called inside that
+        transaction."""
         if messages is None:
             messages = list(RunMessage.objects.filter(run=run).order_by("seq").values_list("data", flat=True))
         else:
@@ -150,6 +157,15 @@ class DbJournal(Journal):
         self.lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
         self._messages: list[RunMessage] = []
         self._events: list[RunEvent] = []
+        self._start = start
+        self._started = started
+        if start == "insert":
+            self._messages = [
+                RunMessage(run_id=run.pk, seq=i, role=m.get("role", ""), data=m) for i, m in enumerate(messages)
+            ]
+            self.emit("created", {"agent": run.agent, "later": False})
+        #: the last model reply is only buffered: it must be saved before any of its calls runs
+        self._reply_unsaved = False
         open_ids = [c["id"] for c in open_calls(messages)]
         self.calls: dict[str, ToolCall] = {
             c.tool_call_id: c
@@ -164,29 +180,52 @@ class DbJournal(Journal):
             RunMessage(run_id=self.run.pk, seq=self.next_seq, role=message.get("role", ""), data=message)
         )
         self.next_seq += 1
+        if message.get("role") == "assistant":
+            self._reply_unsaved = True
 
     def before_model(self) -> None:
-        # Save the last turn (its assistant message and the results of idempotent calls) before
-        # paying for the next model call. Non-idempotent calls were saved as they ran; a final
-        # answer is saved with the run's last status change.
-        if self._messages:
+        # A reply none of whose calls ran (all refused) is saved before the next request, so the
+        # model is never asked for it again. The results of idempotent calls are not: they go
+        # with the next reply's commit, and a crash before it only runs them again.
+        if self._reply_unsaved or self._start == "claim":
+            # The model is only asked for a run this worker has claimed: a duplicate job stops
+            # here, before paying for a request.
             self.flush()
 
     def emit(self, type: str, data: dict[str, Any]) -> None:
         super().emit(type, data)
         self._events.append(RunEvent(run_id=self.run.pk, type=type, data=capped(data, self.event_limit)))
 
-    def _fence(self) -> None:
-        updated = AgentRun.objects.filter(
-            pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING
-        ).update(lease_expires_at=timezone.now() + self.lease)
-        if not updated:
-            raise LeaseLost(f"run {self.run.pk} is no longer held by this worker")
+    def _first_write(self, **fields: Any) -> bool:
+        """Claim or store the run in the first commit (see ``start``); False: not ours."""
+        if self._start == "insert":
+            for name, value in fields.items():
+                setattr(self.run, name, value)
+            self.run.save(force_insert=True)
+        elif not AgentRun.objects.filter(pk=self.run.pk, status=RunStatus.QUEUED).update(**fields):
+            return False
+        self._start = "held"
+        if self._started is not None:
+            self._started()
+        return True
+
+    def _fence(self, **fields: Any) -> None:
+        now = timezone.now()
+        if self._start != "held":
+            claim = {"status": RunStatus.RUNNING, "lease_owner": self.token, "updated_at": now}
+            if self._first_write(lease_expires_at=now + self.lease, **claim, **fields):
+                return
+        elif AgentRun.objects.filter(pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING).update(
+            lease_expires_at=now + self.lease, **fields
+        ):
+            return
+        raise LeaseLost(f"run {self.run.pk} is no longer held by this worker")
 
     def _write_buffers(self) -> None:
         if self._messages:
             RunMessage.objects.bulk_create(self._messages)
             self._messages = []
+            self._reply_unsaved = False
         if self._events:
             RunEvent.objects.bulk_create(self._events)
             self._events = []
@@ -198,18 +237,33 @@ class DbJournal(Journal):
 
     # --- calls -------------------------------------------------------------------------------
 
-    def decision_for(self, call_id: str) -> CallDecision | None:
-        row = self.calls.get(call_id)
-        decision = getattr(row, "decision", None) if row is not None else None
+    def decision_for(self, call: dict[str, Any]) -> CallDecision | None:
+        row = self.calls.get(call["id"])
+        if row is None:
+            return None
+        if row.name != call["name"] or row.digest != args_digest(call.get("args")):
+            # Ids are unique within a run (the loop renames reused ones), so only a run stored
+            # before that can get here. Its decision was made on another call: never apply it.
+            raise SecurityError(
+                f"call {call['id']}: the recorded {row.name} call with this id is a different call "
+                "(other name or arguments); its decision is not applied"
+            )
+        decision = getattr(row, "decision", None)
         if decision is None:
             return None
         return CallDecision(decision.approved, decision.note, decision.args, decision.stop)
 
     def call_started(self, call: dict[str, Any], tool: Tool, args: dict[str, Any]) -> None:
-        crash_point("before_tool")
         row = self.calls.get(call["id"])
         if tool.idempotent and row is None:
+            # The model's reply is saved before the first of its calls runs (with what the
+            # previous turn left buffered): a crash from here on never asks the model again.
+            # A non-idempotent call saves it with its `executing` mark, below.
+            if self._reply_unsaved:
+                self.flush()
+            crash_point("before_tool")
             return
+        crash_point("before_tool")
         with transaction.atomic():
             self._fence()
             self._write_buffers()
@@ -232,16 +286,21 @@ class DbJournal(Journal):
             # Nothing to settle: the result is written with the next flush. Should the worker die
             # first, this idempotent call simply runs again.
             return
+        # A virtual sandbox's files are saved with the result that changed them: a worker dying
+        # before the run closes must not undo a write recorded as succeeded.
+        workspace = self.agent.workspace
+        saved = {"workspace": workspace.spec()} if workspace.kind == "virtual" and tool and not tool.idempotent else {}
         with transaction.atomic():
-            self._fence()
+            self._fence(**saved)
             self._write_buffers()
-            if row is not None and row.status != CallStatus.DENIED:
+            if row is not None and row.status not in (CallStatus.DENIED, CallStatus.EXPIRED):
                 status = CallStatus.FAILED if "error" in result else CallStatus.SUCCEEDED
                 ToolCall.objects.filter(pk=row.pk).update(
                     status=status, result=capped(result, self.event_limit), updated_at=timezone.now()
                 )
             elif row is not None:
                 ToolCall.objects.filter(pk=row.pk).update(result=result, updated_at=timezone.now())
+        crash_point("after_result")
 
     def call_failed(self, call: dict[str, Any], tool: Tool, exc: BaseException) -> None:
         row = self.calls.get(call["id"])
@@ -296,9 +355,12 @@ class DbJournal(Journal):
         if status in (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED):
             values["finished_at"] = timezone.now()
         with transaction.atomic():
-            updated = AgentRun.objects.filter(
-                pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING
-            ).update(**values)
+            if self._start != "held":
+                updated = int(self._first_write(**values))
+            else:
+                updated = AgentRun.objects.filter(
+                    pk=self.run.pk, lease_owner=self.token, status=RunStatus.RUNNING
+                ).update(**values)
             if updated:
                 self._write_buffers()
                 if status == RunStatus.SUSPENDED:

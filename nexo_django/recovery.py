@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from . import dispatch
@@ -46,11 +46,16 @@ def reconcile(*, now: datetime | None = None, stale_after: float | None = None) 
         _recover_expired(run, report)
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
     for run in AgentRun.objects.filter(status=RunStatus.QUEUED, updated_at__lt=now - grace):
-        if not dispatch.job_exists(run.pk, run.generation):
+        status = dispatch.job_status(run.pk, run.generation)
+        if status is None:
             with transaction.atomic():
                 AgentRun.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(updated_at=timezone.now())
                 dispatch.enqueue_run(run.pk, run.generation)
             report.resent.append(str(run.pk))
+        elif status not in dispatch.LIVE_JOB_STATUSES:
+            # Its job ended and the run is still queued: the worker died (or the job failed)
+            # before the run's first commit claimed it. A recovery, like an expired lease.
+            _recover_queued(run, report)
     pending = ToolCall.objects.filter(run=OuterRef("pk"), status=CallStatus.PENDING_APPROVAL)
     for run in AgentRun.objects.filter(status=RunStatus.SUSPENDED).exclude(Exists(pending)):
         with transaction.atomic():
@@ -59,6 +64,24 @@ def reconcile(*, now: datetime | None = None, stale_after: float | None = None) 
     if report.requeued or report.needs_attention or report.failed or report.resent:
         log.info("reconcile: %s", report)
     return report
+
+
+def _recover_queued(run: AgentRun, report: Report) -> None:
+    with transaction.atomic():
+        if run.recoveries >= int(nexo_settings.MAX_RECOVERIES):
+            if transition(run, RunStatus.QUEUED, RunStatus.FAILED, finished_at=timezone.now(),
+                          error=f"gave up after {run.recoveries} recoveries: the worker running it kept dying"):
+                RunEvent.objects.create(run_id=run.pk, type="gave_up", data={"recoveries": run.recoveries})
+                report.failed.append(str(run.pk))
+            return
+        # A new generation: a new job id, so the dead job's record does not hide the new one.
+        if not AgentRun.objects.filter(pk=run.pk, status=RunStatus.QUEUED, generation=run.generation).update(
+            recoveries=F("recoveries") + 1, generation=F("generation") + 1, updated_at=timezone.now()
+        ):
+            return
+        RunEvent.objects.create(run_id=run.pk, type="recovered", data={"recoveries": run.recoveries + 1})
+        dispatch.enqueue_run(run.pk, run.generation + 1)
+        report.requeued.append(str(run.pk))
 
 
 def _recover_expired(run: AgentRun, report: Report) -> None:

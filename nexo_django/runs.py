@@ -139,24 +139,28 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
             live[key] = value
     # Build the agent now so a configuration error reaches the caller before anything is stored.
     agent = cls(**options, **live)
+    run = AgentRun(
+        agent=cls.path(), prompt=prompt, status=RunStatus.QUEUED, created_by=_user(user),
+        options={**options, "_live": sorted(live)} if live else options, generation=1,
+        workspace=agent.workspace.spec() if agent.workspace.kind == "virtual" else None,
+    )
+    messages = agent.initial_messages(prompt)
+    if live:
+        _LIVE_OPTIONS[str(run.pk)] = live
+    if not later:
+        # Stored by the first commit of its journal (at the latest: suspended or done), so a
+        # run that stops for a person costs one write transaction to start. Should this process
+        # die before that, no run exists: the caller never got one either.
+        _drive(run, uuid.uuid4().hex, agent, messages, start="insert")
+        run.refresh_from_db()
+        return run
     with transaction.atomic():
-        run = AgentRun.objects.create(
-            agent=cls.path(), prompt=prompt, status=RunStatus.QUEUED, created_by=_user(user),
-            options={**options, "_live": sorted(live)} if live else options, generation=1,
-            workspace=agent.workspace.spec() if agent.workspace.kind == "virtual" else None,
-        )
-        messages = agent.initial_messages(prompt)
+        run.save(force_insert=True)
         RunMessage.objects.bulk_create(
             RunMessage(run=run, seq=i, role=m["role"], data=m) for i, m in enumerate(messages)
         )
         _event(run.pk, "created", agent=cls.path(), later=later)
-    if live:
-        _LIVE_OPTIONS[str(run.pk)] = live
-    if later:
         dispatch.enqueue_run(run.pk, run.generation)
-    else:
-        execute_run(str(run.pk), agent=agent, run=run, messages=messages)
-        run.refresh_from_db()
     return run
 
 
@@ -184,31 +188,33 @@ def build_agent(run: AgentRun) -> Agent:
 # --- executing -----------------------------------------------------------------------------------
 
 
-def execute_run(
-    run_id: str, *, agent: Agent | None = None, run: AgentRun | None = None,
-    messages: list[dict[str, Any]] | None = None,
+def execute_run(run_id: str) -> str:
+    """Drive a ``queued`` run until it finishes or suspends. Safe to call twice: the run is claimed
+    (compare-and-set) by the journal's first commit, together with what that commit writes (the
+    ``executing`` mark of an approved call, or before the first model request at the latest)."""
+    run = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).first()
+    if run is None:
+        return "skipped"
+    return _drive(run, uuid.uuid4().hex, None, None, start="claim")
+
+
+def _drive(
+    run: AgentRun, token: str, agent: Agent | None, messages: list[dict[str, Any]] | None, *, start: str,
 ) -> str:
-    """Claim the run and drive the loop until it finishes or suspends. Safe to call twice.
-    ``run``, ``agent`` and ``messages`` spare the reads when the caller just created the run."""
+    """Drive the run; ``start`` is the journal's (``"claim"`` a queued run, ``"insert"`` a new one)."""
     from .journal import DbJournal, Heartbeat
 
-    token = uuid.uuid4().hex
+    run_id = str(run.pk)
     lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
-    now = timezone.now()
-    claimed = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
-        status=RunStatus.RUNNING, lease_owner=token, lease_expires_at=now + lease, updated_at=now
-    )
-    if not claimed:
-        return "skipped"
-    _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING)
-    if run is None:
-        run = AgentRun.objects.get(pk=run_id)
-    else:
-        run.status, run.lease_owner, run.lease_expires_at = RunStatus.RUNNING, token, now + lease
+    if start == "insert":
+        run.status, run.lease_owner, run.lease_expires_at = RunStatus.RUNNING, token, timezone.now() + lease
     journal: DbJournal | None = None
     try:
         agent = agent or build_agent(run)
-        journal = DbJournal(run, token, agent, messages=messages)
+        journal = DbJournal(
+            run, token, agent, messages=messages, start=start,
+            started=lambda: _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING),
+        )
         with Heartbeat(run_id, token, lease):
             outcome = agent.drive(journal)
     except LeaseLost:
@@ -221,10 +227,15 @@ def execute_run(
         if journal is not None:
             journal.emit("failed", {"error": message})
             journal.close(RunStatus.FAILED, error=message)
+        elif start == "insert":
+            run.status, run.error, run.lease_owner, run.finished_at = RunStatus.FAILED, message, None, timezone.now()
+            run.save(force_insert=True)
+        elif AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+            status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()
+        ):  # the agent could not be rebuilt: nothing was claimed yet
+            _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING)
         else:
-            AgentRun.objects.filter(pk=run_id, lease_owner=token).update(
-                status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()
-            )
+            return "skipped"
         _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
         return "failed"
     if outcome.kind == "done":
@@ -314,8 +325,14 @@ def decide(
             digest=args_digest(args) if args is not None else call.digest,
             decided_by=_user(by), source=source,
         )
+        expired = 0
+        if stop and not approved:
+            # Deny and stop ends the run now: no other call of it runs, decided or not.
+            expired = ToolCall.objects.filter(
+                run_id=run.pk, status__in=(CallStatus.PENDING_APPROVAL, CallStatus.APPROVED)
+            ).update(status=CallStatus.EXPIRED, updated_at=timezone.now())
         _event(run.pk, "decision", call=call.tool_call_id, verdict=str(verdict), edited=args is not None,
-               by=str(_user(by) or ""), source=source)
+               by=str(_user(by) or ""), source=source, **({"expired": expired} if expired else {}))
         # Wake the run only when no call of it is still pending: one statement, no race.
         wake(run, RunStatus.SUSPENDED, ~Exists(
             ToolCall.objects.filter(run_id=OuterRef("pk"), status=CallStatus.PENDING_APPROVAL)

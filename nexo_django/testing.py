@@ -28,13 +28,16 @@ class ScriptedModel:
     Each script entry is one assistant turn: a ``tool_call(...)``, a ``reply(...)``, or a list of
     them (parallel calls, with an optional text). The entry played is chosen by how many assistant
     turns the transcript it is sent already holds, so a run resumed in another process continues
-    the same script. Call ids are ``call_<turn>_<index>``.
+    the same script. Call ids are ``call_<turn>_<index>``; ``call_ids`` changes that pattern (a
+    ``str.format`` string with ``{turn}`` and ``{index}``), e.g. ``"toolu_{index}"`` to replay a
+    model that reuses ids across turns.
     """
 
     is_scripted = True
 
-    def __init__(self, script: list[Any], *, name: str = "scripted") -> None:
+    def __init__(self, script: list[Any], *, name: str = "scripted", call_ids: str = "call_{turn}_{index}") -> None:
         self.script = list(script)
+        self.call_ids = call_ids
         self.name = name
         self.requests: list[dict[str, Any]] = []
 
@@ -60,7 +63,7 @@ class ScriptedModel:
                 texts.append(item["content"])
             elif item.get("type") == "tool_call":
                 calls.append(
-                    {"id": f"call_{turn}_{len(calls)}", "name": item["name"], "args": copy.deepcopy(item["args"])}
+                    {"id": self.call_ids.format(turn=turn, index=len(calls)), "name": item["name"], "args": copy.deepcopy(item["args"])}
                 )
             else:
                 raise ModelError(f"scripted turn {turn + 1}: use reply(...) or tool_call(...), got {item!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from nexo_django import Agent, tool
 from nexo_django.testing import ScriptedModel, reply, tool_call
@@ -120,3 +121,30 @@ class Sleeper(Agent):
     model = ScriptedModel([tool_call("nap", seconds=2.0), reply("Rested.")])
     permissions = "auto"
     tools = [nap]
+
+
+class CountingModel(ScriptedModel):
+    """Scripted, and appends "model" to the NEXO_TEST_COUNTER file for each request it answers,
+    so a test counts model requests across worker processes."""
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> Any:
+        _count("model")
+        return super().complete(messages, tools)
+
+
+@tool(capability="read", idempotent=True)
+def trip(label: str) -> dict:
+    """Scripted idempotent tool: with NEXO_TEST_CRASH_AT=in_tool its worker is SIGKILLed while it runs."""
+    from nexo_django.journal import crash_point
+
+    _count("trip:" + label)
+    crash_point("in_tool")
+    return {"tripped": label}
+
+
+class Tripper(Agent):
+    """Scripted, counted: one turn of two idempotent ungated calls (glob, trip), then an answer."""
+
+    model = CountingModel([[tool_call("glob", pattern="*"), tool_call("trip", label="t")], reply("Tripped.")])
+    permissions = "approve"
+    tools = [trip]

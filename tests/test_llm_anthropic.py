@@ -10,6 +10,7 @@ user turn, and errors are ``{"type": "error", "error": {"type", "message"}, "req
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -229,6 +230,17 @@ def test_parallel_tool_uses_are_parsed_in_order(server: WireServer, model: Anthr
         ("toolu_1", "read", {"path": "a.txt"}),
         ("toolu_2", "glob", {"pattern": "*.py"}),
     ]
+
+
+def test_tool_uses_without_an_id_get_unique_provider_safe_ids(server: WireServer, model: AnthropicModel) -> None:
+    # A compatible proxy may drop ids; two turns must never share one (an approval names one call).
+    ids = []
+    for _ in range(2):
+        server.play(Answer(body=message([{"type": "tool_use", "name": "read", "input": {"path": "a"}}], "tool_use")))
+        [call] = model.complete(USER, []).message["tool_calls"]
+        ids.append(call["id"])
+    assert ids[0] != ids[1]
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]+", i) for i in ids)
 
 
 def test_a_tool_input_that_is_not_an_object_becomes_a_call_error(server: WireServer, model: AnthropicModel) -> None:

@@ -78,6 +78,33 @@ def test_scripted_deny_and_stop_cancels_without_asking_the_model_again(tmp_path:
     assert not (tmp_path / "notes.txt").exists()
 
 
+def test_scripted_deny_and_stop_in_a_parallel_turn_stops_at_once_and_expires_the_rest(tmp_path: Path) -> None:
+    run = ParallelScribe.run("two writes", cwd=tmp_path)
+    first, second = run.pending_calls()
+    first.approve()  # approved earlier: it must not run either
+    second.deny(note="no", stop=True)
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    assert run.error == "stopped by the approver"
+    assert not (tmp_path / "a.txt").exists() and not (tmp_path / "b.txt").exists()
+    statuses = {c.args["path"]: c.status for c in ToolCall.objects.filter(run=run, name="write")}
+    assert statuses == {"a.txt": CallStatus.EXPIRED, "b.txt": CallStatus.DENIED}
+    results = {m["tool_call_id"]: m["content"] for m in run.transcript() if m["role"] == "tool"}
+    assert results[first.tool_call_id] == {"error": "write not run: the approver stopped the run"}
+
+
+def test_scripted_a_call_expired_by_deny_and_stop_cannot_be_approved_later(tmp_path: Path) -> None:
+    run = ParallelScribe.run("two writes", cwd=tmp_path)
+    first, second = run.pending_calls()
+    first.deny(stop=True)
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED  # at once: the second call's decision is not awaited
+    with pytest.raises(AlreadyDecided):
+        ToolCall.objects.get(pk=second.pk).approve()
+    assert ToolCall.objects.get(pk=second.pk).status == CallStatus.EXPIRED
+    assert not (tmp_path / "a.txt").exists() and not (tmp_path / "b.txt").exists()
+
+
 def test_scripted_nothing_that_ran_runs_again(counter: Path) -> None:
     model = ScriptedModel(
         [tool_call("bump", label="first"), tool_call("bump", label="second"), reply("ok")]
@@ -289,6 +316,17 @@ def test_scripted_duplicate_job_is_a_no_op(tmp_path: Path, counter: Path) -> Non
     assert count(counter) == ["one"]
 
 
+def test_a_queued_run_whose_agent_cannot_be_rebuilt_fails_with_the_reason() -> None:
+    from nexo_django.runs import execute_run
+
+    run = AgentRun.objects.create(agent="tests.no_such_module.Agent", prompt="x", status=RunStatus.QUEUED)
+    assert execute_run(str(run.pk)) == "failed"
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "cannot import agent 'tests.no_such_module.Agent'" in run.error
+    assert execute_run(str(run.pk)) == "skipped"
+
+
 def test_scripted_idempotent_gated_call(counter: Path) -> None:
     run = Looker.run("look")
     assert run.status == RunStatus.SUSPENDED
@@ -299,24 +337,27 @@ def test_scripted_idempotent_gated_call(counter: Path) -> None:
     assert ToolCall.objects.get(run=run).status == CallStatus.SUCCEEDED
 
 
-def test_pending_calls_appear_only_with_the_suspended_status(tmp_path: Path) -> None:
-    """No decision can land while the run still says running (it could never wake the run)."""
+@pytest.mark.parametrize(("start", "stored"), [("run_later", RunStatus.RUNNING), ("run", None)])
+def test_pending_calls_appear_only_with_the_suspended_status(tmp_path: Path, start: str, stored: str | None) -> None:
+    """No decision can land while the run still says running (it could never wake the run).
+    A run started with run() is not even stored before its suspension commits."""
     from nexo_django.journal import DbJournal
 
-    seen: list[tuple[str, int]] = []
+    seen: list[tuple[str | None, int]] = []
     original = DbJournal.suspend
 
     def spy(self: DbJournal, pending: list) -> None:
         original(self, pending)
-        run = AgentRun.objects.get()
-        seen.append((run.status, ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL).count()))
+        run = AgentRun.objects.first()
+        seen.append((run and run.status, ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL).count()))
 
     DbJournal.suspend = spy  # type: ignore[method-assign]
     try:
-        run = Scribe.run("write hi", cwd=tmp_path)
+        run = getattr(Scribe, start)("write hi", cwd=tmp_path)
     finally:
         DbJournal.suspend = original  # type: ignore[method-assign]
-    assert seen == [(RunStatus.RUNNING, 0)]
+    run.refresh_from_db()
+    assert seen == [(stored, 0)]
     assert run.status == RunStatus.SUSPENDED and run.pending_calls().count() == 1
 
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
 from nexo_django.recovery import reconcile
-from tests.durable_agents import Bumper, Scribe, count
+from tests.durable_agents import Bumper, Scribe, ThreeTurns, Tripper, count
 from tests.servers import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable, pytest.mark.redis]
@@ -115,11 +115,11 @@ def test_killed_before_a_tool_is_recovered_and_finishes_once(
     run = wait_status(Bumper.run_later("bump"), RunStatus.SUSPENDED)
     run.resume(approved=True)
     wait_until(lambda: (tmp_path / "crashed-once").exists(), timeout=WAIT, what="the crash")
-    time.sleep(0.5)
-    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.RUNNING
-    expire_lease(run)
-    report = reconcile()
-    assert report.requeued == [str(run.pk)]
+    # The worker claims a resumed run in the commit that marks its call executing, after this
+    # point: the run is still queued, and its job failed when the work horse died.
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.QUEUED
+    requeued = wait_until(lambda: reconcile(stale_after=0).requeued, timeout=WAIT, what="the recovery")
+    assert requeued == [str(run.pk)]
     run = wait_status(run, RunStatus.DONE)
     assert run.recoveries == 1
     assert count(counter) == ["one"]
@@ -132,12 +132,13 @@ def test_a_run_whose_worker_keeps_dying_gives_up_with_the_reason(
     crash_in_worker(rq_worker, monkeypatch, "before_tool")  # every time
     run = wait_status(Bumper.run_later("bump"), RunStatus.SUSPENDED)
     run.resume(approved=True)
-    for _ in range(3):
-        wait_until(lambda: AgentRun.objects.get(pk=run.pk).lease_owner is not None, timeout=WAIT,
-                   what="a worker to claim the run")
-        time.sleep(0.5)
-        expire_lease(run)
-        reconcile()
+    def dead_job_found() -> str | None:
+        report = reconcile(stale_after=0)
+        return "failed" if report.failed else "requeued" if report.requeued else None
+
+    # Each time the work horse dies before the run's first commit.
+    recovered = [wait_until(dead_job_found, timeout=WAIT, what="the reconciler to find the dead job") for _ in range(3)]
+    assert recovered == ["requeued", "requeued", "failed"]
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
     assert "gave up after 2 recoveries" in run.error
@@ -178,3 +179,37 @@ def test_duplicate_jobs_for_one_run_execute_once(rq_worker: Any, counter: Path) 
     wait_status(run, RunStatus.DONE)
     time.sleep(0.5)
     assert count(counter) == ["one"]
+
+
+def test_killed_after_a_virtual_write_committed_keeps_the_write(
+    rq_worker: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    crash_in_worker(rq_worker, monkeypatch, "after_result", once=tmp_path / "crashed-once")
+    run = wait_status(ThreeTurns.run_later("three"), RunStatus.SUSPENDED)  # virtual sandbox
+    run.resume(approved=True)
+    wait_until(lambda: (tmp_path / "crashed-once").exists(), timeout=WAIT, what="the crash")
+    time.sleep(0.5)
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.RUNNING
+    assert ToolCall.objects.get(run=run, name="write").status == CallStatus.SUCCEEDED
+    expire_lease(run)
+    assert reconcile().requeued == [str(run.pk)]
+    run = wait_status(run, RunStatus.DONE)
+    assert run.workspace["files"] == {"out.txt": "three"}
+    read = [m for m in run.transcript() if m.get("name") == "read"][0]["content"]
+    assert read["content"] == "three"  # the resumed worker read the write back
+
+
+def test_killed_during_an_idempotent_call_never_asks_the_model_twice(
+    rq_worker: Any, monkeypatch: pytest.MonkeyPatch, counter: Path, tmp_path: Path
+) -> None:
+    crash_in_worker(rq_worker, monkeypatch, "in_tool", once=tmp_path / "crashed-once")
+    run = Tripper.run_later("trip")
+    wait_until(lambda: (tmp_path / "crashed-once").exists(), timeout=WAIT, what="the crash")
+    time.sleep(0.5)
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.RUNNING
+    expire_lease(run)
+    assert reconcile().requeued == [str(run.pk)]
+    run = wait_status(run, RunStatus.DONE)
+    # One model request per assistant turn; the idempotent call ran again after the crash.
+    assert count(counter) == ["model", "trip:t", "trip:t", "model"]
+    assert sum(1 for m in run.transcript() if m["role"] == "assistant") == 2

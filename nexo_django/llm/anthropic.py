@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -176,7 +177,8 @@ def from_wire(data: dict[str, Any]) -> Completion:
         elif block.get("type") == "tool_use":
             call = _call_from_wire(block)
             if not call["id"]:
-                call["id"] = f"toolu_missing_{len(calls)}"
+                # Unique: an id names one call of a run, and its decision with it.
+                call["id"] = f"toolu_missing_{uuid.uuid4().hex[:24]}"
             calls.append(call)
         # thinking, redacted_thinking and server-tool blocks are not part of the neutral format
     raw_usage = data.get("usage")

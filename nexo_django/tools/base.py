@@ -70,6 +70,8 @@ class ToolContext:
     versions: dict[str, str] = field(default_factory=dict)
     fetch_allow: tuple[str, ...] = ()
     search_backend: Callable[[str, int], Any] | None = None
+    #: the id of the call being run, unique within the run: an idempotency key for tools
+    call_id: str = ""
 
 
 def error(message: str) -> ToolResult:
