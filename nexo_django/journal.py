@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from .agent import CallDecision, Journal, open_calls
 from .conf import nexo_settings
-from .errors import LeaseLost, PendingCall, SecurityError
+from .errors import LeaseLost, PendingCall, SecurityError, ToolArgumentError
 from .llm.base import Message, add_usage
 from .models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall, args_digest
 
@@ -241,7 +241,7 @@ class DbJournal(Journal):
         row = self.calls.get(call["id"])
         if row is None:
             return None
-        if row.name != call["name"] or row.digest != args_digest(call.get("args")):
+        if not self._same_call(row, call):
             # Ids are unique within a run (the loop renames reused ones), so only a run stored
             # before that can get here. Its decision was made on another call: never apply it.
             raise SecurityError(
@@ -252,6 +252,19 @@ class DbJournal(Journal):
         if decision is None:
             return None
         return CallDecision(decision.approved, decision.note, decision.args, decision.stop)
+
+    def _same_call(self, row: ToolCall, call: dict[str, Any]) -> bool:
+        """Whether ``row`` was stored for ``call``: same name, and a digest of its arguments as the
+        model sent them or as validation normalised them (the pending row keeps the latter)."""
+        if row.name != call["name"]:
+            return False
+        if row.digest == args_digest(call.get("args")):
+            return True
+        tool = self.agent.toolset().get(call["name"])
+        try:
+            return tool is not None and row.digest == args_digest(tool.validate(call.get("args")))
+        except ToolArgumentError:
+            return False
 
     def call_started(self, call: dict[str, Any], tool: Tool, args: dict[str, Any]) -> None:
         row = self.calls.get(call["id"])
