@@ -69,13 +69,16 @@ def make_agent_class() -> type:
     return LoopBench
 
 
-def durable_run(agent_class: type, turns: int) -> tuple[int, int, list[int]]:
+def durable_run(agent_class: type, turns: int, cpu: list[int] | None = None) -> tuple[int, int, list[int]]:
     """``Agent.run()``: the same loop on the durable journal, in this process. Total ns, model ns,
-    and the ns of each turn (from one model call to the next: the journal's writes included)."""
+    and the ns of each turn (from one model call to the next: the journal's writes included);
+    ``cpu`` receives this process's CPU ns for the run."""
     model = FlatScriptedModel(turns)
-    start = time.perf_counter_ns()
+    start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
     run = agent_class.run("Call noop until you are told to stop.", model=model)
     total = time.perf_counter_ns() - start
+    if cpu is not None:
+        cpu.append(time.process_time_ns() - start_cpu)
     if run.status != "done" or run.result != "Done.":
         raise RuntimeError(f"durable run ended {run.status}: {run.error or run.result!r}")
     stamps = model.stamps
@@ -86,21 +89,26 @@ def durable_run(agent_class: type, turns: int) -> tuple[int, int, list[int]]:
 
 def durable(agent_class: type, turns: int, runs: int) -> None:
     """The durable loop per turn, on SQLite WAL + synchronous=FULL (this process's database)."""
-    from bench.common import db_label
+    from bench.common import counting, db_label
 
     durable_run(agent_class, turns)  # warm-up
     per_turn: list[float] = []
     early: list[float] = []
     late: list[float] = []
+    cpu: list[int] = []
     for _ in range(runs):
-        total, spent, steps = durable_run(agent_class, turns)
+        total, spent, steps = durable_run(agent_class, turns, cpu)
         per_turn.append((total - spent) / (turns + 1) / 1e3)
         early.append(median([steps[t - 1] for t in EARLY]) / 1e3)
         late.append(median([steps[t - 1] for t in LATE]) / 1e3)
+    with counting() as counts:  # one more run, counted apart (the wrapper costs time)
+        durable_run(agent_class, turns)
     e, late_median = median(early), median(late)
     figure(
         "durable_loop", db=db_label(), turns=turns, runs=runs, us_per_turn=median(per_turn),
+        cpu_us_per_turn=median(cpu) / (turns + 1) / 1e3,
         turn10_us=e, turn200_us=late_median, growth=late_median / e,
+        queries_per_turn=counts.queries / (turns + 1), write_transactions_per_turn=counts.write_transactions / (turns + 1),
     )  # fmt: skip
 
 

@@ -450,6 +450,8 @@ def main() -> None:
     figure(
         "cycle_vs_best_peer", nexo_db=nexo.store, nexo_median_ms=medians[nexo.name], best_peer=best.name,
         best_peer_median_ms=medians[best.name], ratio=medians[nexo.name] / medians[best.name],
+        # CPU alone: what is left when the fsyncs (slow and shared on a busy machine) are not counted.
+        cpu_ratio=median(cpu[nexo.name]) / median(cpu[best.name]),
     )  # fmt: skip
     from bench.common import fmt
     from bench.targets import evaluate
