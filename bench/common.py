@@ -110,12 +110,13 @@ def sqlite_url() -> str:
 
 def postgres_url() -> str:
     """A fresh database on the benchmark PostgreSQL: the one run.py started (BENCH_PG_URL), or a
-    server this process starts for itself (stopped at exit by tests/servers.py)."""
+    server this process starts for itself (stopped at exit by tests/servers.py). Both run with
+    fsync on (PostgreSQL's defaults), unlike the test suite's."""
     base = os.environ.get("BENCH_PG_URL")
     if not base:
         from tests.servers import PostgresServer
 
-        server = PostgresServer(database="postgres_bench").start()
+        server = PostgresServer(database="postgres_bench", fsync=True).start()
         base = server.url
         os.environ["BENCH_PG_URL"] = base
     import psycopg
@@ -126,11 +127,15 @@ def postgres_url() -> str:
     return base.rsplit("/", 1)[0] + "/" + name
 
 
-#: SQLite variants: Django's defaults (rollback journal, synchronous=FULL: an fsync per commit),
-#: the WAL mode the test suite uses, and no sync at all (what is left is CPU and SQL).
+#: SQLite variants: Django's defaults (rollback journal, synchronous=FULL: an fsync of the file
+#: and its journal per commit); WAL with synchronous=FULL (one fsync of the WAL per commit: what
+#: docs/deployment.md recommends and the W002/W003 checks ask for); WAL with NORMAL (no fsync at
+#: commit, only at checkpoints: a power loss can drop the last commits, such as an `executing`
+#: mark, so it is not durable and is labelled so); and no sync at all (what is left is CPU and SQL).
 SQLITE_MODES = {
     "sqlite": "",
-    "sqlite-wal": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
+    "sqlite-wal-full": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL",
+    "sqlite-wal-normal": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
     "sqlite-nosync": "PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF",
 }
 DATABASES = (*SQLITE_MODES, "postgres")
@@ -162,9 +167,17 @@ def setup_django(db_url: str, *, redis_url: str | None = None) -> None:
 
 
 def db_label() -> str:
-    """``sqlite`` (Django's defaults), ``sqlite-wal``, ``sqlite-nosync`` or ``postgresql``."""
+    """``sqlite`` (Django's defaults), ``sqlite-wal-full``, ``sqlite-wal-normal``,
+    ``sqlite-nosync``, or ``postgresql-fsync`` / ``postgresql-nofsync`` (read from the server)."""
     from django.db import connection
 
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW fsync")
+            fsync = cursor.fetchone()[0]
+            cursor.execute("SHOW synchronous_commit")
+            sync_commit = cursor.fetchone()[0]
+        return "postgresql-fsync" if fsync == "on" and sync_commit == "on" else "postgresql-nofsync"
     if connection.vendor != "sqlite":
         return str(connection.vendor)
     init = connection.settings_dict.get("OPTIONS", {}).get("init_command", "")

@@ -16,7 +16,7 @@ import time
 import tracemalloc
 from typing import Any
 
-from bench.common import figure, median, note, profile, setup_django, sqlite_url
+from bench.common import database_url, figure, median, note, profile, setup_django
 
 EARLY = range(6, 16)  # "turn 10": the median of turns 6..15
 LATE = range(196, 206)  # "turn 200": the median of turns 196..205
@@ -32,11 +32,13 @@ class FlatScriptedModel:
     def __init__(self, turns: int) -> None:
         self.turns = turns
         self.spent_ns = 0
+        self.stamps: list[int] = []  # when each complete() was called
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
         from nexo_django.llm.base import Completion
 
         start = time.perf_counter_ns()
+        self.stamps.append(start)
         turn = (len(messages) - 1) // 2
         if turn < self.turns:
             message: dict[str, Any] = {
@@ -65,6 +67,49 @@ def make_agent_class() -> type:
         max_turns = 100_000
 
     return LoopBench
+
+
+def durable_run(agent_class: type, turns: int, cpu: list[int] | None = None) -> tuple[int, int, list[int]]:
+    """``Agent.run()``: the same loop on the durable journal, in this process. Total ns, model ns,
+    and the ns of each turn (from one model call to the next: the journal's writes included);
+    ``cpu`` receives this process's CPU ns for the run."""
+    model = FlatScriptedModel(turns)
+    start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
+    run = agent_class.run("Call noop until you are told to stop.", model=model)
+    total = time.perf_counter_ns() - start
+    if cpu is not None:
+        cpu.append(time.process_time_ns() - start_cpu)
+    if run.status != "done" or run.result != "Done.":
+        raise RuntimeError(f"durable run ended {run.status}: {run.error or run.result!r}")
+    stamps = model.stamps
+    if len(stamps) != turns + 1:
+        raise RuntimeError(f"{len(stamps)} model calls for {turns} turns")
+    return total, model.spent_ns, [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+
+
+def durable(agent_class: type, turns: int, runs: int) -> None:
+    """The durable loop per turn, on SQLite WAL + synchronous=FULL (this process's database)."""
+    from bench.common import counting, db_label
+
+    durable_run(agent_class, turns)  # warm-up
+    per_turn: list[float] = []
+    early: list[float] = []
+    late: list[float] = []
+    cpu: list[int] = []
+    for _ in range(runs):
+        total, spent, steps = durable_run(agent_class, turns, cpu)
+        per_turn.append((total - spent) / (turns + 1) / 1e3)
+        early.append(median([steps[t - 1] for t in EARLY]) / 1e3)
+        late.append(median([steps[t - 1] for t in LATE]) / 1e3)
+    with counting() as counts:  # one more run, counted apart (the wrapper costs time)
+        durable_run(agent_class, turns)
+    e, late_median = median(early), median(late)
+    figure(
+        "durable_loop", db=db_label(), turns=turns, runs=runs, us_per_turn=median(per_turn),
+        cpu_us_per_turn=median(cpu) / (turns + 1) / 1e3,
+        turn10_us=e, turn200_us=late_median, growth=late_median / e,
+        queries_per_turn=counts.queries / (turns + 1), write_transactions_per_turn=counts.write_transactions / (turns + 1),
+    )  # fmt: skip
 
 
 def timed_run(agent_class: type, model: Any, turns: int) -> tuple[int, int, list[int]]:
@@ -108,14 +153,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=210)
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--durable-runs", type=int, default=5, help="durable runs of M turns (0: none)")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     turns = args.turns
     if turns <= LATE.stop:
         raise SystemExit(f"--turns must exceed {LATE.stop} to read turn 200")
 
-    # The loop needs no database; Django is set up only because conf.py reads settings.NEXO.
-    setup_django(sqlite_url())
+    # prompt() needs no database (Django is set up because conf.py reads settings.NEXO); the
+    # durable loop runs on this SQLite file in WAL with synchronous=FULL.
+    setup_django(database_url("sqlite-wal-full"))
     from nexo_django.testing import ScriptedModel, tool_call
     from nexo_django.testing import reply as final
 
@@ -178,6 +225,8 @@ def main() -> None:
         turn10_us=median(scripted_early), turn200_us=median(scripted_late),
         model_turn10_us=model10, model_turn200_us=model200,
     )  # fmt: skip
+    if args.durable_runs:
+        durable(agent_class, turns, args.durable_runs)
     note("turnN_us is one whole turn (model + tool + harness); us_per_turn subtracts the model")
 
 

@@ -42,13 +42,17 @@ class Step:
 
 STEPS = [
     Step("approval_cycle_sqlite", ["bench.approval_cycle", "--db", "sqlite"], ["--cycles", "30"]),
-    Step("approval_cycle_sqlite_wal", ["bench.approval_cycle", "--db", "sqlite-wal"], ["--cycles", "30"]),
+    Step("approval_cycle_sqlite_wal", ["bench.approval_cycle", "--db", "sqlite-wal-full"], ["--cycles", "30"]),
+    Step("approval_cycle_sqlite_wal_normal", ["bench.approval_cycle", "--db", "sqlite-wal-normal"], ["--cycles", "30"]),
     Step("approval_cycle_sqlite_nosync", ["bench.approval_cycle", "--db", "sqlite-nosync"], ["--cycles", "30"]),
     Step("approval_cycle_postgres", ["bench.approval_cycle", "--db", "postgres"], ["--cycles", "30"]),
     Step("loop_overhead", ["bench.loop_overhead"], ["--runs", "5"]),
     Step("through_queue", ["bench.through_queue"], ["--samples", "10", "--runs", "20"]),
     Step("inbox_sqlite", ["bench.inbox", "--db", "sqlite"], ["--sizes", "1000,10000", "--renders", "3"]),
     Step("inbox_postgres", ["bench.inbox", "--db", "postgres"], ["--sizes", "1000,10000", "--renders", "3"]),
+    # The peers (bench/peers.py, the `bench` extra), each timed in turn with nexo's cycle in one process.
+    Step("peers_sqlite_wal", ["bench.peers", "--nexo-db", "sqlite-wal-full"], ["--cycles", "30", "--round", "10"]),
+    Step("peers_postgres", ["bench.peers", "--nexo-db", "postgres"], ["--cycles", "30", "--round", "10"]),
 ]
 
 
@@ -134,6 +138,10 @@ def header(pg_bin: str) -> list[str]:
             f"postgresql={command_version([os.path.join(pg_bin, 'postgres'), '--version'], r'(\d+\.\d+)')}",
             f"redis_server={command_version([redis_server, '--version'], r'v=(\S+)')}",
             f"nexo_django={version_of('nexo-django')}",
+            f"langgraph={version_of('langgraph')}",
+            f"langgraph_checkpoint_sqlite={version_of('langgraph-checkpoint-sqlite')}",
+            f"pydantic_ai_slim={version_of('pydantic-ai-slim')}",
+            f"openai_agents={version_of('openai-agents')}",
         ]),
         "machine " + " ".join([
             f"os={platform.system()}-{platform.release()}",
@@ -192,7 +200,8 @@ def main() -> int:
     figures: list[str] = []
     failed: list[str] = []
     durations: list[str] = []
-    with PostgresServer(database="bench") as postgres:
+    # fsync on (PostgreSQL's defaults): the figures include the flush of every commit.
+    with PostgresServer(database="bench", fsync=True) as postgres:
         env = {**os.environ, "BENCH_PG_URL": postgres.url, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
         env.pop("DJANGO_SETTINGS_MODULE", None)
         for step in STEPS:

@@ -73,6 +73,8 @@ _REDIS_URL = os.environ.get("BENCH_REDIS_URL")
 RQ_QUEUES: dict[str, dict[str, Any]] = {"default": {"URL": _REDIS_URL} if _REDIS_URL else {"ASYNC": False}}
 
 NEXO: dict[str, Any] = {}
+# The benchmarks measure Django's SQLite defaults and WAL without FULL on purpose.
+SILENCED_SYSTEM_CHECKS = ["nexo_django.W002", "nexo_django.W003"]
 
 LOGGING = {
     "version": 1,

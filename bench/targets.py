@@ -54,6 +54,13 @@ TARGETS = [
            ("db",)),
     Target("decision_median_ms_at_100k", {"figure": "decision_page", "pending": "100000"}, "median_ms", "<=", 150,
            ("db",)),
+    # Ratios to the fastest peer timed in the same process (bench/peers.py).
+    Target("cycle_vs_best_peer", {"figure": "cycle_vs_best_peer", "nexo_db": "sqlite-wal-full"}, "ratio", "<=", 0.5,
+           ("nexo_db", "best_peer")),
+    Target("cycle_vs_best_peer", {"figure": "cycle_vs_best_peer", "nexo_db": "postgresql-fsync"}, "ratio", "<=", 1.0,
+           ("nexo_db", "best_peer")),
+    Target("durable_loop_us_per_turn", {"figure": "durable_loop"}, "us_per_turn", "<=", 1000, ("db",)),
+    Target("durable_loop_turn200_over_turn10", {"figure": "durable_loop"}, "growth", "<=", FLAT_GROWTH, ("db",)),
 ]  # fmt: skip
 
 #: Pages whose query count must be the same at 1k and at 100k pending calls.

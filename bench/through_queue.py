@@ -1,12 +1,16 @@
 """Benchmark 3: durable runs through a real Redis queue and real ``rqworker`` processes.
 
-Latency: one waiting worker. ``approve()`` → the run is ``done`` (the job resumes it, the write
-runs, the scripted model answers), beside a no-op rq job's enqueue → finished, on the same
-worker class, interleaved sample by sample. Both are observed by polling at the same interval
-(the run's row in the database, the job's hash in Redis).
+Latency: one waiting worker. ``approve()`` → the job it enqueues has finished (it resumed the
+run, the write ran, the scripted model answered, the run is ``done``: checked afterwards,
+untimed), beside a no-op rq job's ``enqueue()`` → finished, on the same worker class, interleaved
+sample by sample. Both sides are observed the same way: the clock starts just before the call
+that enqueues (``approve()`` / ``enqueue()``) and stops at the first poll (every 0.5 ms, an HGET
+of the job's status in Redis) that sees the job ``finished``. Also shown: how long that call took
+in this process, and rq's own ``ended_at - enqueued_at`` for each job.
 
 Throughput: two worker processes. K three-turn scripted runs (``ThreeTurns`` under ``auto``:
-glob, write, read, answer) enqueued at once → all done, beside K no-op jobs → all finished.
+glob, write, read, answer) enqueued at once → all their jobs finished, beside K no-op jobs → all
+finished, both observed by polling every job's status in Redis.
 
 The database is PostgreSQL (SQLite with Django's defaults is not meant for several writer
 processes). ``--worker-class`` may be given several times; the default measures rq's forking
@@ -64,31 +68,63 @@ def start_workers(redis_url: str, count: int, worker_class: str, log_dir: Path) 
     ).start()  # fmt: skip
 
 
-def noop_latency(redis: Any) -> int:
-    import django_rq
+def job_key(job_id: str) -> str:
+    return f"rq:job:{job_id}"
 
+
+def run_job_key(run: Any) -> str:
+    """The rq job ``run_later`` enqueued for ``run`` (nexo's job ids are deterministic)."""
+    from nexo_django import dispatch
+
+    return job_key(dispatch.job_id(run.pk, run.generation))
+
+
+def rq_seconds(redis: Any, key: str) -> float:
+    """What rq itself recorded for a job: ``ended_at - enqueued_at``, in seconds."""
+    from datetime import datetime
+
+    enqueued, ended = redis.hmget(key, "enqueued_at", "ended_at")
+    return (datetime.fromisoformat(ended.decode()) - datetime.fromisoformat(enqueued.decode())).total_seconds()
+
+
+def observe(redis: Any, submit: Any, key_of: Any) -> tuple[int, int, float]:
+    """The one way both sides are observed. Start: just before ``submit()`` (the no-op's
+    ``enqueue()``, or ``approve()``, whose commit enqueues nexo's job). End: the first poll (every
+    POLL seconds, HGET of the job's status in Redis) that sees the job ``finished``. Returns the
+    ns to the end, the ns ``submit()`` took in this process, and rq's own enqueued→ended time."""
     start = time.perf_counter_ns()
-    job = django_rq.get_queue("default").enqueue("bench.jobs.noop", result_ttl=600)
-    key = f"rq:job:{job.id}"
-    wait_for(lambda: redis.hget(key, "status") in (b"finished", b"failed"), f"no-op job {job.id}")
+    handle = submit()
+    submitted = time.perf_counter_ns()
+    key = key_of(handle)
+    wait_for(lambda: redis.hget(key, "status") in (b"finished", b"failed"), f"job {key}")
     elapsed = time.perf_counter_ns() - start
     if redis.hget(key, "status") != b"finished":
-        raise RuntimeError(f"no-op job {job.id} failed")
-    return elapsed
+        raise RuntimeError(f"job {key} failed")
+    return elapsed, submitted - start, rq_seconds(redis, key)
 
 
-def approval_latency(run: Any, call: Any) -> int:
-    from nexo_django.models import AgentRun
+def noop_latency(redis: Any) -> tuple[int, int, float]:
+    import django_rq
 
-    start = time.perf_counter_ns()
-    call.approve()
-    done = AgentRun.objects.filter(pk=run.pk, status__in=("done", "failed"))
-    wait_for(done.exists, f"run {run.pk} to finish")
-    elapsed = time.perf_counter_ns() - start
+    queue = django_rq.get_queue("default")
+    return observe(redis, lambda: queue.enqueue("bench.jobs.noop", result_ttl=600), lambda job: job_key(job.id))
+
+
+def approval_latency(redis: Any, run: Any, call: Any) -> tuple[int, int, float]:
+    key = job_key_after_decision(run)
+    observed = observe(redis, call.approve, lambda _: key)
     run.refresh_from_db()
     if run.status != "done":
         raise RuntimeError(f"run {run.pk} ended {run.status}: {run.error}")
-    return elapsed
+    return observed
+
+
+def job_key_after_decision(run: Any) -> str:
+    from nexo_django import dispatch
+
+    # The decision that wakes a suspended run moves it to the next generation (runs.py), and the
+    # wake-up's job carries that generation in its id.
+    return job_key(dispatch.job_id(run.pk, run.generation + 1))
 
 
 def latency(redis: Any, samples: int, worker_class: str) -> None:
@@ -99,21 +135,43 @@ def latency(redis: Any, samples: int, worker_class: str) -> None:
     ids = [r.pk for r in runs]
     suspended = AgentRun.objects.filter(pk__in=ids, status="suspended")
     wait_for(lambda: suspended.count() == len(ids), f"{len(ids)} runs to suspend")
+    for run in runs:
+        run.refresh_from_db()  # its generation now, untimed
     pairs = [(r, r.pending_calls().get()) for r in runs]
     for run, call in pairs[:3]:  # warm-up: the worker's first imports, the first connections
         noop_latency(redis)
-        approval_latency(run, call)
+        approval_latency(redis, run, call)
     runs_ns: list[int] = []
     jobs_ns: list[int] = []
+    runs_submit: list[int] = []
+    jobs_submit: list[int] = []
+    runs_rq: list[float] = []
+    jobs_rq: list[float] = []
     for run, call in pairs[3:]:
-        jobs_ns.append(noop_latency(redis))
-        runs_ns.append(approval_latency(run, call))
+        elapsed, submit, rq_s = noop_latency(redis)
+        jobs_ns.append(elapsed)
+        jobs_submit.append(submit)
+        jobs_rq.append(rq_s)
+        elapsed, submit, rq_s = approval_latency(redis, run, call)
+        runs_ns.append(elapsed)
+        runs_submit.append(submit)
+        runs_rq.append(rq_s)
     figure(
         "queue_latency", worker_class=worker_class.rsplit(".", 1)[-1], db=db_label(), samples=samples,
         approve_to_done_median_ms=ms(median(runs_ns)), approve_to_done_p95_ms=ms(p95(runs_ns)),
         noop_job_median_ms=ms(median(jobs_ns)), noop_job_p95_ms=ms(p95(jobs_ns)),
         ratio=median(runs_ns) / median(jobs_ns),
+        approve_call_median_ms=ms(median(runs_submit)), noop_enqueue_call_median_ms=ms(median(jobs_submit)),
+        run_job_rq_median_ms=median(runs_rq) * 1e3, noop_job_rq_median_ms=median(jobs_rq) * 1e3,
     )  # fmt: skip
+
+
+def all_finished(redis: Any, keys: list[str]) -> bool:
+    """Both sides of the throughput figure are observed this way: every job's status in Redis."""
+    with redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.hget(key, "status")
+        return all(status in (b"finished", b"failed") for status in pipe.execute())
 
 
 def throughput(redis: Any, count: int, worker_class: str, workers: int) -> None:
@@ -124,24 +182,17 @@ def throughput(redis: Any, count: int, worker_class: str, workers: int) -> None:
 
     queue = django_rq.get_queue("default")
     start = time.perf_counter()
-    jobs = [queue.enqueue("bench.jobs.noop", result_ttl=600) for _ in range(count)]
-    keys = [f"rq:job:{job.id}" for job in jobs]
-
-    def all_finished() -> bool:
-        with redis.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.hget(key, "status")
-            return all(status == b"finished" for status in pipe.execute())
-
-    wait_for(all_finished, f"{count} no-op jobs")
+    keys = [job_key(queue.enqueue("bench.jobs.noop", result_ttl=600).id) for _ in range(count)]
+    wait_for(lambda: all_finished(redis, keys), f"{count} no-op jobs")
     jobs_per_s = count / (time.perf_counter() - start)
 
     start = time.perf_counter()
-    ids = [ThreeTurns.run_later("three turns", permissions="auto").pk for _ in range(count)]
-    finished = AgentRun.objects.filter(pk__in=ids, status__in=("done", "failed", "cancelled", "needs_attention"))
-    wait_for(lambda: finished.count() == count, f"{count} runs to finish")
+    # Under auto a three-turn run ends in the one job run_later enqueued.
+    runs = [ThreeTurns.run_later("three turns", permissions="auto") for _ in range(count)]
+    keys = [run_job_key(run) for run in runs]
+    wait_for(lambda: all_finished(redis, keys), f"{count} runs' jobs")
     runs_per_s = count / (time.perf_counter() - start)
-    bad = AgentRun.objects.filter(pk__in=ids).exclude(status="done").count()
+    bad = AgentRun.objects.filter(pk__in=[r.pk for r in runs]).exclude(status="done").count()
     if bad:
         raise RuntimeError(f"{bad} of {count} three-turn runs did not end done")
     figure(

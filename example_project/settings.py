@@ -67,7 +67,7 @@ TEMPLATES = [
 SQLITE: dict[str, Any] = {
     "timeout": 20,
     "transaction_mode": "IMMEDIATE",
-    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL",
 }
 
 

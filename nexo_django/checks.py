@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import connections, router
 from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, nexo_settings
@@ -104,3 +106,55 @@ def _check_values() -> list[CheckMessage]:
         errors.append(Error('NEXO["PROTECTED_NAMES"] must be a list of glob patterns (strings) or None.',
                             hint='For example [".git/hooks/*", ".git/config", ".bashrc"].', id="nexo_django.E009"))
     return errors
+
+
+#: What docs/settings.md recommends for SQLite: WAL, and a sync of the WAL at every commit.
+SQLITE_INIT_COMMAND = "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL"
+_PRAGMA = re.compile(r"^\s*PRAGMA\s+(?:\w+\.)?(\w+)\s*=\s*['\"]?(\w+)['\"]?\s*$", re.IGNORECASE)
+_WEAK_SYNC = {"OFF": "OFF", "0": "OFF", "NORMAL": "NORMAL", "1": "NORMAL"}
+
+
+@register(Tags.compatibility)
+def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """The SQLite journal of the database that holds the runs, read from settings only: a check
+    opens no connection (``manage.py check`` must work with the database down)."""
+    from .models import AgentRun
+
+    alias = router.db_for_write(AgentRun)
+    wrapper = connections[alias]  # a wrapper, not a connection: nothing is opened here
+    if wrapper.vendor != "sqlite":
+        return []
+    return sqlite_journal_messages(alias, wrapper.settings_dict)
+
+
+def sqlite_journal_messages(alias: str, database: Mapping[str, Any]) -> list[CheckMessage]:
+    """W002 when a SQLite database for durable runs keeps the rollback journal (its
+    ``init_command`` sets no ``journal_mode=WAL``); W003 when it lowers ``synchronous`` below
+    FULL, so a commit (such as a call's ``executing`` mark) can be lost on power loss."""
+    name = str(database.get("NAME") or "")
+    if name == ":memory:" or "mode=memory" in name:
+        return []  # nothing survives the process anyway: there is no journal to choose
+    options = database.get("OPTIONS") or {}
+    pragmas: dict[str, str] = {}
+    # Django runs each ";"-separated statement of init_command on every new connection.
+    for statement in str(options.get("init_command") or "").split(";"):
+        found = _PRAGMA.match(statement)
+        if found:
+            pragmas[found.group(1).lower()] = found.group(2).upper()
+    where = f'DATABASES["{alias}"]["OPTIONS"]["init_command"]'
+    fix = f'Set {where} = "{SQLITE_INIT_COMMAND}" (docs/deployment.md, SQLite).'
+    if pragmas.get("journal_mode") != "WAL":
+        return [Warning(
+            f'The SQLite database "{alias}" that holds nexo_django\'s runs uses the rollback journal: '
+            "each commit syncs the file and its journal, and readers wait for writers.",
+            hint=fix, id="nexo_django.W002",
+        )]
+    weak = _WEAK_SYNC.get(pragmas.get("synchronous", ""))
+    if weak:
+        return [Warning(
+            f'The SQLite database "{alias}" that holds nexo_django\'s runs sets synchronous={weak}: '
+            "the last commits, such as a call's `executing` mark, can be lost on power loss, and the "
+            "call would then run again.",
+            hint=fix, id="nexo_django.W003",
+        )]
+    return []

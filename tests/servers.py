@@ -264,15 +264,18 @@ class PostgresServer(_Server):
     """A throwaway PostgreSQL cluster: trust auth, fsync off, one database created.
 
     ``url`` is ``postgres://postgres@127.0.0.1:PORT/DATABASE``; ``django_database()`` gives the
-    matching ``DATABASES`` entry.
+    matching ``DATABASES`` entry. ``fsync=True`` keeps PostgreSQL's durable defaults (``fsync``,
+    ``synchronous_commit`` and ``full_page_writes`` on): every commit waits for its WAL flush, as
+    in production. The benchmarks use it; the tests keep fsync off (their data is thrown away).
     """
 
     prefix = "nexo-pg-"
     superuser = "postgres"
 
-    def __init__(self, *, database: str = "nexo", bin_dir: str | None = None) -> None:
+    def __init__(self, *, database: str = "nexo", bin_dir: str | None = None, fsync: bool = False) -> None:
         super().__init__()
         self.database = database
+        self.fsync = fsync
         self._bin_dir = bin_dir
         self._account: pwd.struct_passwd | None = None
 
@@ -348,8 +351,9 @@ class PostgresServer(_Server):
             argv = [
                 str(bin_dir / "postgres"), "-D", str(self.dir / "data"), "-p", str(self.port),
                 "-k", str(self.dir), "-c", f"listen_addresses={LOOPBACK}",
-                "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
             ]  # fmt: skip
+            if not self.fsync:
+                argv += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
             self._proc = self._spawn(argv, sig=signal.SIGINT, **self._as_server_user())
             if self._wait_ready(bin_dir, offset):
                 return

@@ -5,7 +5,7 @@ from django.core.checks import Error, Warning
 from django.core.management import call_command
 from django.test import override_settings
 
-from nexo_django.checks import check_settings
+from nexo_django.checks import check_database, check_settings, sqlite_journal_messages
 from nexo_django.conf import nexo_settings
 from nexo_django.errors import ConfigurationError
 
@@ -108,3 +108,43 @@ def test_settings_are_read_lazily_and_reset_on_change() -> None:
 def test_unknown_key_raises_a_configuration_error_on_use() -> None:
     with override_settings(NEXO={"QUEUEE": "a"}), pytest.raises(ConfigurationError, match="QUEUEE"):
         nexo_settings.QUEUE  # noqa: B018
+
+
+WAL_FULL = "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL"
+
+
+def sqlite(init_command: str | None = None, name: str = "/srv/app/db.sqlite3") -> dict:
+    database: dict = {"ENGINE": "django.db.backends.sqlite3", "NAME": name}
+    if init_command is not None:
+        database["OPTIONS"] = {"init_command": init_command}
+    return database
+
+
+def test_the_test_settings_pass_the_database_check() -> None:
+    assert check_database() == []
+
+
+def test_sqlite_rollback_journal_is_w002_naming_the_fix() -> None:
+    [message] = sqlite_journal_messages("default", sqlite())
+    assert message.id == "nexo_django.W002" and isinstance(message, Warning)
+    assert WAL_FULL in message.hint and 'DATABASES["default"]["OPTIONS"]["init_command"]' in message.hint
+
+
+@pytest.mark.parametrize("init", [WAL_FULL, "PRAGMA journal_mode = 'wal'", "pragma main.journal_mode=WAL;"])
+def test_sqlite_wal_passes(init: str) -> None:
+    assert sqlite_journal_messages("default", sqlite(init)) == []
+
+
+@pytest.mark.parametrize("init", ["PRAGMA journal_mode=DELETE", "PRAGMA synchronous=FULL", "PRAGMA foreign_keys=ON"])
+def test_sqlite_without_wal_is_w002(init: str) -> None:
+    assert ids(sqlite_journal_messages("default", sqlite(init))) == ["nexo_django.W002"]
+
+
+@pytest.mark.parametrize("sync", ["NORMAL", "OFF", "1", "0"])
+def test_sqlite_wal_with_a_weaker_sync_is_w003(sync: str) -> None:
+    [message] = sqlite_journal_messages("default", sqlite(f"PRAGMA journal_mode=WAL; PRAGMA synchronous={sync}"))
+    assert message.id == "nexo_django.W003" and "executing" in message.msg and WAL_FULL in message.hint
+
+
+def test_sqlite_in_memory_has_no_journal_to_warn_about() -> None:
+    assert sqlite_journal_messages("default", sqlite(name=":memory:")) == []

@@ -1,0 +1,475 @@
+"""Benchmark 5: the approval cycle in peer frameworks, beside nexo_django's, in one process.
+
+The same scenario everywhere: a fake model asks for one gated ``write(path, content)`` of a small
+file; the framework pauses for approval with its state persisted durably (a SQLite commit in WAL
+mode with ``synchronous=FULL``, i.e. an fsync of the WAL); the call is approved; the run resumes
+from the stored state; the write runs; the fake model gives its final answer; the final state is
+persisted. One cycle is timed end to end.
+
+- ``langgraph``: a ``StateGraph`` (model node → tools node → model node) compiled with
+  ``SqliteSaver`` on a file (``setup()`` puts it in WAL; we set ``synchronous=FULL``);
+  ``interrupt()`` in the tools node pauses, ``Command(resume=...)`` resumes; every checkpoint
+  and pending write is committed by the saver (``durability="sync"`` by default here: each
+  checkpoint is durable before the next step runs, like nexo's ``executing`` mark).
+- ``pydantic_ai``: ``Agent(FunctionModel(...), output_type=[str, DeferredToolRequests])`` with
+  a ``requires_approval=True`` tool; the message history is serialised
+  (``ModelMessagesTypeAdapter``) into a SQLite WAL+FULL row at the pause, read back, and the
+  run resumed with ``DeferredToolResults`` approving the call; the final history is stored too.
+- ``openai_agents`` (when installed): a ``Model`` subclass as the fake model and a
+  ``needs_approval=True`` function tool; ``result.to_state().to_string()`` is stored at the pause,
+  read back with ``RunState.from_string``, approved, resumed with ``Runner.run``; the final
+  state is stored too.
+- ``nexo_django``: ``bench.approval_cycle.one_cycle`` (``VirtualScribe``) on ``--nexo-db``.
+
+Fake models do no work of their own, so what is timed is each framework's loop, its
+serialisation and its durable writes. The frameworks take turns in rounds (``--round`` cycles
+each), so a burst of load on a shared machine falls on all of them alike.
+
+    python -m bench.peers [--cycles N] [--nexo-db sqlite-wal-full|postgres|none] [--framework NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    DATABASES,
+    database_url,
+    db_label,
+    figure,
+    median,
+    ms,
+    note,
+    p95,
+    scratch,
+    setup_django,
+)
+
+WARMUP = 10
+PROMPT = "Write 'hi' to notes.txt"
+SQLITE_FULL = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL")
+
+
+def version_of(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def open_sqlite(path: Path) -> sqlite3.Connection:
+    """A connection in WAL with synchronous=FULL (checked), commits counted in ``.commits``."""
+    conn = sqlite3.connect(path, check_same_thread=False)
+    for pragma in SQLITE_FULL:
+        conn.execute(pragma)
+    mode, sync = conn.execute("PRAGMA journal_mode").fetchone()[0], conn.execute("PRAGMA synchronous").fetchone()[0]
+    if (mode, sync) != ("wal", 2):
+        raise RuntimeError(f"{path}: journal_mode={mode} synchronous={sync}, wanted wal and 2 (FULL)")
+    return conn
+
+
+class CommitCounter:
+    """Counts the COMMITs SQLite runs on a connection (each one an fsync of the WAL)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.count = 0
+        conn.set_trace_callback(self._trace)
+
+    def _trace(self, statement: str) -> None:
+        if statement.lstrip()[:6].upper() == "COMMIT":
+            self.count += 1
+
+
+class StateStore:
+    """Where a framework without a store of its own keeps its paused state: one row per run in a
+    SQLite file, WAL + synchronous=FULL, committed (so fsynced) at every ``put``."""
+
+    def __init__(self, path: Path) -> None:
+        self.conn = open_sqlite(path)
+        self.conn.isolation_level = None  # explicit transactions below
+        self.conn.execute("CREATE TABLE IF NOT EXISTS run_state (id TEXT PRIMARY KEY, state BLOB NOT NULL)")
+        self.commits = CommitCounter(self.conn)
+
+    def put(self, key: str, state: bytes | str) -> None:
+        self.conn.execute("BEGIN IMMEDIATE")
+        self.conn.execute("INSERT OR REPLACE INTO run_state (id, state) VALUES (?, ?)", (key, state))
+        self.conn.execute("COMMIT")
+
+    def get(self, key: str) -> Any:
+        row = self.conn.execute("SELECT state FROM run_state WHERE id = ?", (key,)).fetchone()
+        if row is None:
+            raise KeyError(key)
+        return row[0]
+
+
+class Peer:
+    name = ""
+    dist = ""
+    store = ""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.files = workdir / "files"
+        self.files.mkdir()
+
+    @property
+    def version(self) -> str:
+        return version_of(self.dist)
+
+    def cycle(self, i: int) -> None:
+        raise NotImplementedError
+
+    def commits(self) -> int:
+        raise NotImplementedError
+
+    def check(self, i: int, final: str) -> None:
+        if final != "Done.":
+            raise RuntimeError(f"{self.name}: final answer {final!r}")
+        if (self.files / f"notes-{i}.txt").read_text() != "hi":
+            raise RuntimeError(f"{self.name}: the approved write did not land")
+
+    def write(self, path: str, content: str) -> str:
+        """The gated tool: a small file, written plainly (no fsync), the same in every peer."""
+        (self.files / path).write_text(content)
+        return f"wrote {len(content)} bytes to {path}"
+
+
+class LangGraphPeer(Peer):
+    name = "langgraph"
+    dist = "langgraph"
+
+    def __init__(self, workdir: Path, durability: str = "sync") -> None:
+        super().__init__(workdir)
+        from typing import Annotated, TypedDict
+
+        from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+        from langgraph.checkpoint.sqlite import SqliteSaver
+        from langgraph.graph import END, START, StateGraph
+        from langgraph.graph.message import add_messages
+        from langgraph.types import Command, interrupt
+
+        self.Command = Command
+        self.durability = durability
+        self.store = f"SqliteSaver_file_wal_full_durability={durability}"
+        peer = self
+
+        # The functional form: its types are objects, not strings this module's globals lack.
+        State = TypedDict("State", {"messages": Annotated[list[AnyMessage], add_messages], "cycle": int})  # noqa: UP013
+
+        def model(state: Any) -> dict[str, Any]:  # the fake model: a node, no chat-model wrapper
+            if isinstance(state["messages"][-1], ToolMessage):
+                return {"messages": [AIMessage("Done.")]}
+            call = {"name": "write", "args": {"path": f"notes-{state['cycle']}.txt", "content": "hi"}, "id": "call_1"}
+            return {"messages": [AIMessage("", tool_calls=[call])]}
+
+        def tools(state: Any) -> dict[str, Any]:
+            results = []
+            for call in state["messages"][-1].tool_calls:  # type: ignore[union-attr]
+                decision = interrupt({"tool": call["name"], "args": call["args"], "id": call["id"]})
+                content = peer.write(**call["args"]) if decision.get("approved") else "denied"
+                results.append(ToolMessage(content, tool_call_id=call["id"]))
+            return {"messages": results}
+
+        def route(state: Any) -> str:
+            return "tools" if getattr(state["messages"][-1], "tool_calls", None) else END
+
+        graph = StateGraph(State)
+        graph.add_node("model", model)
+        graph.add_node("tools", tools)
+        graph.add_edge(START, "model")
+        graph.add_conditional_edges("model", route, ["tools", END])
+        graph.add_edge("tools", "model")
+        conn = open_sqlite(workdir / "checkpoints.sqlite3")
+        self.counter = CommitCounter(conn)
+        saver = SqliteSaver(conn)
+        saver.setup()  # sets journal_mode=WAL again; synchronous stays FULL (per connection)
+        if conn.execute("PRAGMA synchronous").fetchone()[0] != 2:
+            raise RuntimeError("SqliteSaver changed synchronous")
+        self.app = graph.compile(checkpointer=saver)
+
+    def cycle(self, i: int) -> None:
+        from langchain_core.messages import HumanMessage
+
+        config: Any = {"configurable": {"thread_id": f"run-{i}"}}
+        paused = self.app.invoke({"messages": [HumanMessage(PROMPT)], "cycle": i}, config, durability=self.durability)
+        if not paused.get("__interrupt__"):
+            raise RuntimeError("langgraph: the run did not pause for approval")
+        done = self.app.invoke(self.Command(resume={"approved": True}), config, durability=self.durability)
+        self.check(i, done["messages"][-1].content)
+
+    def commits(self) -> int:
+        return self.counter.count
+
+
+class PydanticAIPeer(Peer):
+    name = "pydantic_ai"
+    dist = "pydantic-ai-slim"
+    store = "history_json_in_sqlite_row_wal_full"
+
+    def __init__(self, workdir: Path, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(workdir)
+        from pydantic_ai import (
+            Agent,
+            DeferredToolRequests,
+            DeferredToolResults,
+            ModelMessagesTypeAdapter,
+        )
+        from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+        from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+        self.loop = loop
+        self.adapter = ModelMessagesTypeAdapter
+        self.DeferredToolRequests = DeferredToolRequests
+        self.DeferredToolResults = DeferredToolResults
+        self.state = StateStore(workdir / "state.sqlite3")
+        self.current = 0
+
+        def fake(messages: list[Any], info: AgentInfo) -> ModelResponse:
+            if any(isinstance(part, ToolReturnPart) for part in messages[-1].parts):
+                return ModelResponse(parts=[TextPart("Done.")])
+            args = {"path": f"notes-{self.current}.txt", "content": "hi"}
+            return ModelResponse(parts=[ToolCallPart("write", args, tool_call_id="call_1")])
+
+        self.agent = Agent(FunctionModel(fake), output_type=[str, DeferredToolRequests])
+        self.agent.tool_plain(name="write", requires_approval=True)(self.write_tool)
+
+    def write_tool(self, path: str, content: str) -> str:
+        """Write a small file."""
+        return self.write(path, content)
+
+    async def _cycle(self, i: int) -> str:
+        self.current = i
+        key = f"run-{i}"
+        paused = await self.agent.run(PROMPT)
+        if not isinstance(paused.output, self.DeferredToolRequests):
+            raise RuntimeError(f"pydantic_ai: expected deferred tool requests, got {paused.output!r}")
+        self.state.put(key, self.adapter.dump_json(paused.all_messages()))
+        # The approver's side: the stored state is all it has.
+        history = self.adapter.validate_json(self.state.get(key))
+        last = history[-1]
+        approvals = {part.tool_call_id: True for part in last.parts if getattr(part, "part_kind", "") == "tool-call"}
+        done = await self.agent.run(message_history=history, deferred_tool_results=self.DeferredToolResults(approvals=approvals))
+        self.state.put(key, self.adapter.dump_json(done.all_messages()))
+        return str(done.output)
+
+    def cycle(self, i: int) -> None:
+        self.check(i, self.loop.run_until_complete(self._cycle(i)))
+
+    def commits(self) -> int:
+        return self.state.commits.count
+
+
+class OpenAIAgentsPeer(Peer):
+    name = "openai_agents"
+    dist = "openai-agents"
+    store = "RunState_json_in_sqlite_row_wal_full"
+
+    def __init__(self, workdir: Path, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(workdir)
+        from agents import Agent, Runner, RunState, function_tool, set_tracing_disabled
+        from agents.items import ModelResponse
+        from agents.models.interface import Model
+        from agents.usage import Usage
+        from openai.types.responses import (
+            ResponseFunctionToolCall,
+            ResponseOutputMessage,
+            ResponseOutputText,
+        )
+
+        set_tracing_disabled(True)  # no exporter, no network
+        self.loop = loop
+        self.Runner = Runner
+        self.RunState = RunState
+        self.state = StateStore(workdir / "state.sqlite3")
+        self.current = 0
+        peer = self
+
+        def kind(item: Any) -> Any:
+            return item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
+
+        class FakeModel(Model):
+            async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+                items = input if isinstance(input, list) else []
+                if items and kind(items[-1]) == "function_call_output":
+                    text = ResponseOutputText(type="output_text", text="Done.", annotations=[])
+                    output: list[Any] = [ResponseOutputMessage(id="msg_1", type="message", role="assistant",
+                                                               status="completed", content=[text])]  # fmt: skip
+                else:
+                    args = json.dumps({"path": f"notes-{peer.current}.txt", "content": "hi"})
+                    output = [ResponseFunctionToolCall(type="function_call", id="fc_1", call_id="call_1",
+                                                       name="write", arguments=args, status="completed")]  # fmt: skip
+                return ModelResponse(output=output, usage=Usage(), response_id=None)
+
+            def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+                raise NotImplementedError("the benchmark does not stream")
+
+        @function_tool(needs_approval=True)
+        def write(path: str, content: str) -> str:
+            """Write a small file."""
+            return peer.write(path, content)
+
+        self.agent = Agent(name="scribe", instructions="You write notes.", model=FakeModel(), tools=[write])
+
+    async def _cycle(self, i: int) -> str:
+        self.current = i
+        key = f"run-{i}"
+        paused = await self.Runner.run(self.agent, PROMPT)
+        if not paused.interruptions:
+            raise RuntimeError("openai_agents: the run did not pause for approval")
+        self.state.put(key, paused.to_state().to_string())
+        state = await self.RunState.from_string(self.agent, self.state.get(key))
+        for item in state.get_interruptions():
+            state.approve(item)
+        done = await self.Runner.run(self.agent, state)
+        self.state.put(key, done.to_state().to_string())
+        return str(done.final_output)
+
+    def cycle(self, i: int) -> None:
+        self.check(i, self.loop.run_until_complete(self._cycle(i)))
+
+    def commits(self) -> int:
+        return self.state.commits.count
+
+
+class NexoPeer(Peer):
+    name = "nexo_django"
+    dist = "nexo-django"
+
+    def __init__(self, workdir: Path, db: str) -> None:
+        super().__init__(workdir)
+        setup_django(database_url(db))
+        from django.contrib.auth import get_user_model
+
+        from bench.agents import VirtualScribe
+
+        self.agent = VirtualScribe
+        self.user = get_user_model().objects.create_superuser("bench", "bench@example.invalid", "bench")
+        self.store = db_label()
+
+    def cycle(self, i: int) -> None:
+        from bench.approval_cycle import one_cycle
+
+        one_cycle(self.agent, None, self.user)
+
+    def commits(self) -> int:
+        return -1  # counted by bench.approval_cycle (write_transactions)
+
+
+FRAMEWORKS = ("langgraph", "pydantic_ai", "openai_agents")
+PEER_DISTS = {"langgraph": "langgraph-checkpoint-sqlite", "pydantic_ai": "pydantic-ai-slim",
+              "openai_agents": "openai-agents"}  # fmt: skip
+
+
+def make_peers(names: list[str], root: Path, loop: asyncio.AbstractEventLoop, durability: str) -> list[Peer]:
+    makers: dict[str, Callable[[Path], Peer]] = {
+        "langgraph": lambda d: LangGraphPeer(d, durability),
+        "pydantic_ai": lambda d: PydanticAIPeer(d, loop),
+        "openai_agents": lambda d: OpenAIAgentsPeer(d, loop),
+    }
+    peers = []
+    for name in names:
+        if version_of(PEER_DISTS[name]) == "absent":
+            note(f"{name} is not installed (pip install -e '.[bench]'): skipped")
+            continue
+        directory = root / name
+        directory.mkdir()
+        peers.append(makers[name](directory))
+    return peers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cycles", type=int, default=300)
+    parser.add_argument("--round", type=int, default=25, help="cycles per framework before the next one's turn")
+    parser.add_argument("--framework", action="append", choices=FRAMEWORKS, dest="frameworks")
+    parser.add_argument("--nexo-db", default="sqlite-wal-full", choices=[*DATABASES, "none"],
+                        help="the database of nexo_django's cycle, timed in the same rounds (none: peers only)")
+    parser.add_argument("--langgraph-durability", default="sync", choices=["sync", "async", "exit"])
+    parser.add_argument("--no-freeze", action="store_true", help="leave the set-up objects to the collector")
+    args = parser.parse_args()
+
+    root = scratch() / "peers"
+    root.mkdir()
+    loop = asyncio.new_event_loop()
+    peers = make_peers(args.frameworks or list(FRAMEWORKS), root, loop, args.langgraph_durability)
+    if not peers:
+        raise SystemExit("no peer framework is installed: pip install -e '.[bench]'")
+    if args.nexo_db != "none":
+        (root / "nexo").mkdir()
+        peers.append(NexoPeer(root / "nexo", args.nexo_db))
+
+    counter = iter(range(10**9))
+    commits: dict[str, float] = {}
+    for peer in peers:
+        for _ in range(WARMUP):
+            peer.cycle(next(counter))
+        before = peer.commits()
+        peer.cycle(next(counter))
+        commits[peer.name] = peer.commits() - before
+
+    if not args.no_freeze:
+        # Every framework's modules and objects live in this one heap: freeze them out of the
+        # collector, so a full collection during one framework's cycle does not walk the others'.
+        gc.collect()
+        gc.freeze()
+    wall: dict[str, list[int]] = {p.name: [] for p in peers}
+    cpu: dict[str, list[int]] = {p.name: [] for p in peers}
+    done = 0
+    while done < args.cycles:
+        size = min(args.round, args.cycles - done)
+        for peer in peers:
+            for _ in range(size):
+                i = next(counter)
+                start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
+                peer.cycle(i)
+                cpu[peer.name].append(time.process_time_ns() - start_cpu)
+                wall[peer.name].append(time.perf_counter_ns() - start)
+        done += size
+
+    medians: dict[str, float] = {}
+    for peer in peers:
+        medians[peer.name] = ms(median(wall[peer.name]))
+        if isinstance(peer, NexoPeer):
+            continue
+        figure(
+            "peer_cycle", framework=peer.name, version=peer.version, store=peer.store, cycles=args.cycles,
+            median_ms=medians[peer.name], p95_ms=ms(p95(wall[peer.name])), cpu_median_ms=ms(median(cpu[peer.name])),
+            commits_per_cycle=commits[peer.name],
+        )  # fmt: skip
+    nexo = next((p for p in peers if isinstance(p, NexoPeer)), None)
+    if nexo is None:
+        return
+    figure(
+        "peer_cycle", framework=nexo.name, version=nexo.version, store=nexo.store, cycles=args.cycles,
+        median_ms=medians[nexo.name], p95_ms=ms(p95(wall[nexo.name])), cpu_median_ms=ms(median(cpu[nexo.name])),
+    )  # fmt: skip
+    best = min((p for p in peers if p is not nexo), key=lambda p: medians[p.name])
+    figure(
+        "cycle_vs_best_peer", nexo_db=nexo.store, nexo_median_ms=medians[nexo.name], best_peer=best.name,
+        best_peer_median_ms=medians[best.name], ratio=medians[nexo.name] / medians[best.name],
+        # CPU alone: what is left when the fsyncs (slow and shared on a busy machine) are not counted.
+        cpu_ratio=median(cpu[nexo.name]) / median(cpu[best.name]),
+    )  # fmt: skip
+    from bench.common import fmt
+    from bench.targets import evaluate
+
+    ratio = {"figure": "cycle_vs_best_peer", "nexo_db": nexo.store, "best_peer": best.name,
+             "ratio": fmt(medians[nexo.name] / medians[best.name])}  # fmt: skip
+    for verdict in evaluate([ratio]):  # the same verdict bench/run.py prints
+        if verdict.startswith("target=cycle_vs_best_peer") and "not_measured" not in verdict:
+            print(verdict, flush=True)
+    note(f"one process, frameworks in turn; load average {'/'.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
