@@ -104,3 +104,29 @@ def _check_values() -> list[CheckMessage]:
         errors.append(Error('NEXO["PROTECTED_NAMES"] must be a list of glob patterns (strings) or None.',
                             hint='For example [".git/hooks/*", ".git/config", ".bashrc"].', id="nexo_django.E009"))
     return errors
+
+
+@register(Tags.database)
+def check_workers(
+    app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Runs queued on a queue no worker listens on. A database check: Django runs it for
+    ``manage.py check --database default`` and ``migrate``, never for a plain ``check`` or
+    ``runserver`` (no query, no Redis). Redis down is a warning too, never an error."""
+    if not databases or "default" not in databases:
+        return []
+    from django.db import DatabaseError
+
+    from .queue_health import queue_warning
+
+    try:
+        warning = queue_warning()
+    except DatabaseError:
+        return []  # not migrated yet: nothing can be queued
+    if warning is None:
+        return []
+    if warning.unreachable:
+        return [Warning(str(warning), hint="Check the URL of the queue in RQ_QUEUES and that Redis runs.",
+                        id="nexo_django.W003")]
+    return [Warning(str(warning), hint=f"Run `python manage.py rqworker {warning.queue}` on a worker machine.",
+                    id="nexo_django.W002")]
