@@ -179,6 +179,7 @@ def _decision_page(
         "args_html": reveal_json(call.args),
         "hidden_count": count_hidden(pretty_json(call.args), keep="\n"),
         "long_strings": long_strings(call.args),
+        "preview": model_admin.get_call_preview(request, call),
         "form": form,
         "editing": editing,
         "other_pending": other,
