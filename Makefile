@@ -24,7 +24,7 @@ serve: $(STAMP)
 	$(PY) manage.py nexo_demo --serve
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check nexo_django tests example_project bench
+	$(VENV)/bin/ruff check nexo_django tests example_project bench manage.py
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
