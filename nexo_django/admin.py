@@ -29,8 +29,9 @@ from . import admin_views, runs
 from .admin_forms import DecisionForm
 from .admin_preview import CallPreview, call_preview
 from .display import mark_hidden, preview, reveal
-from .models import AgentRun, CallStatus, Decision, PendingApproval, RunEvent, RunMessage, ToolCall
+from .models import AgentRun, CallStatus, Decision, PendingApproval, RunEvent, RunMessage, RunStatus, ToolCall
 from .permissions import CAPABILITIES
+from .queue_health import queue_warning
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -315,6 +316,11 @@ class AgentRunAdmin(NexoModelAdmin):
         return super().get_queryset(request).annotate(
             pending_count=Coalesce(Subquery(pending, output_field=IntegerField()), 0)
         )
+
+    def get_queue_warning(self, request: HttpRequest, run: AgentRun) -> str | None:
+        """Why a queued run may wait forever (no worker listens on its queue), or None."""
+        warning = queue_warning(run=run) if run.status == RunStatus.QUEUED else None
+        return str(warning) if warning is not None else None
 
     @admin.display(description="run", ordering="created_at")
     def short_id(self, obj: AgentRun) -> str:

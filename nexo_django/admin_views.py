@@ -346,6 +346,7 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         "has_unknown": any(c.status == CallStatus.OUTCOME_UNKNOWN for c in calls),
         "can_cancel": not run.is_terminal,
         "can_retry": run.status == RunStatus.NEEDS_ATTENTION,
+        "queue_warning": model_admin.get_queue_warning(request, run),
         "events": [{"seq": e.id, "type": e.type, "data": reveal_json(e.data), "at": e.created_at} for e in events],
         "events_hidden": events_total - len(events),
         **transcript_context(model_admin, request, run),

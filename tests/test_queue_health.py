@@ -112,6 +112,12 @@ def test_the_run_page_says_nobody_works_on_a_waiting_run(
     assert 'id="queue-warning"' in page
     assert "python manage.py rqworker nexo_test" in page
 
+    admin = Client()
+    admin.force_login(django_user_model.objects.create_user("vic", password="x", is_staff=True))
+    admin_page = admin.get(f"/admin/nexo_django/agentrun/{run.pk}/change/")
+    assert admin_page.status_code == 200
+    assert 'id="queue-warning"' in admin_page.content.decode()
+
 
 @pytest.mark.redis
 def test_the_check_warns_w002_only_when_asked_to_look_at_the_database(
