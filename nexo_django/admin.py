@@ -29,7 +29,16 @@ from . import admin_views, runs
 from .admin_forms import DecisionForm
 from .admin_preview import CallPreview, call_preview
 from .display import mark_hidden, preview, reveal
-from .models import AgentRun, CallStatus, Decision, PendingApproval, RunEvent, RunMessage, RunStatus, ToolCall
+from .models import (
+    AgentRun,
+    CallStatus,
+    Decision,
+    PendingApproval,
+    RunEvent,
+    RunMessage,
+    RunStatus,
+    ToolCall,
+)
 from .permissions import CAPABILITIES
 from .queue_health import queue_warning
 
