@@ -168,7 +168,10 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
         else:
             live[key] = value
     # Build the agent now so a configuration error reaches the caller before anything is stored.
-    agent = cls(**options, **live)
+    try:
+        agent = cls(**options, **live)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{cls.__name__}.{method}(...): {exc}") from exc
     with transaction.atomic():
         run = AgentRun.objects.create(
             agent=cls.path(), prompt=prompt, status=RunStatus.QUEUED, created_by=_user(user),

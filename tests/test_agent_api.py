@@ -99,3 +99,14 @@ def test_run_later_rolled_back_leaves_the_object_queued_and_no_row(tmp_path: Pat
         raise RuntimeError("the view failed after starting the run")
     assert run.status == RunStatus.QUEUED
     assert not AgentRun.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.durable
+@pytest.mark.parametrize("method", ["run", "run_later"])
+def test_a_configuration_error_names_the_method_that_was_called(method: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        getattr(Scribe, method)("write hi")  # a local sandbox with no cwd
+    assert str(info.value).startswith(f"Scribe.{method}(...): ")
+    assert "pass cwd=" in str(info.value)
+    assert not AgentRun.objects.exists()
