@@ -95,6 +95,8 @@ def test_readme_links_and_images_are_absolute_and_start_with_the_repository_url(
     assert relative == [], "the package index's page cannot follow relative links"
     for target in targets:
         assert target.startswith((repository + "/", raw)), target
+    for address in re.findall(r"https://(?:github\.com|raw\.githubusercontent\.com)/[^\s)\"]+", readme):
+        assert address.startswith((repository, raw)), f"{address} is not under {repository}"
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
     assert images and all(i.startswith(raw) for i in images)
     for target in targets:
