@@ -16,15 +16,15 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) example_project/manage.py migrate --noinput -v 0
-	$(PY) example_project/manage.py nexo_demo
+	$(PY) manage.py migrate --noinput -v 0
+	$(PY) manage.py nexo_demo
 
 serve: $(STAMP)
-	$(PY) example_project/manage.py migrate --noinput -v 0
-	$(PY) example_project/manage.py nexo_demo --serve
+	$(PY) manage.py migrate --noinput -v 0
+	$(PY) manage.py nexo_demo --serve
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check nexo_django tests example_project bench
+	$(VENV)/bin/ruff check nexo_django tests example_project bench manage.py
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

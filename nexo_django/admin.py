@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin
 from django.contrib.admin.filters import AllValuesFieldListFilter
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
+from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
@@ -27,9 +27,20 @@ from django.views.decorators.clickjacking import xframe_options_deny
 
 from . import admin_views, runs
 from .admin_forms import DecisionForm
+from .admin_preview import CallPreview, call_preview
 from .display import mark_hidden, preview, reveal
-from .models import AgentRun, CallStatus, Decision, PendingApproval, RunEvent, RunMessage, ToolCall
+from .models import (
+    AgentRun,
+    CallStatus,
+    Decision,
+    PendingApproval,
+    RunEvent,
+    RunMessage,
+    RunStatus,
+    ToolCall,
+)
 from .permissions import CAPABILITIES
+from .queue_health import queue_warning
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -59,13 +70,14 @@ class RunAgentFilter(AgentFilter):
 
 
 class CapabilityFilter(admin.SimpleListFilter):
-    """The capabilities are a fixed list: no query over the calls to find them."""
+    """Only the capabilities some listed call has, in the fixed order of CAPABILITIES."""
 
     title = "capability"
     parameter_name = "capability"
 
     def lookups(self, request: HttpRequest, model_admin: ModelAdmin[Any]) -> list[tuple[str, str]]:
-        return [(c, c) for c in (*CAPABILITIES, "mcp")]
+        present = set(model_admin.get_queryset(request).order_by().values_list("capability", flat=True).distinct())
+        return [(c, c) for c in (*CAPABILITIES, "mcp") if c in present]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
@@ -83,7 +95,13 @@ class AgeFilter(admin.SimpleListFilter):
     }
 
     def lookups(self, request: HttpRequest, model_admin: ModelAdmin[Any]) -> list[tuple[str, str]]:
-        return [(key, label) for key, (label, _) in self.SPANS.items()]
+        # Only the spans some listed row falls in, counted in one query.
+        now = timezone.now()
+        counts = model_admin.get_queryset(request).order_by().aggregate(**{
+            key: Count("pk", filter=Q(created_at__gte=now - span) if key == "new" else Q(created_at__lt=now - span))
+            for key, (_, span) in self.SPANS.items()
+        })
+        return [(key, label) for key, (label, _) in self.SPANS.items() if counts[key]]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
@@ -177,7 +195,8 @@ def _started_by(run: AgentRun) -> str:
 
 @admin.register(PendingApproval)
 class PendingApprovalAdmin(NexoModelAdmin):
-    list_display = ("requested", "agent", "run_column", "tool", "capability", "arguments", "age", "started_by")
+    # The arguments come right after the tool so they stay on screen at 1280 px, sidebar open.
+    list_display = ("requested", "tool", "arguments", "run_column")
     list_display_links = ("requested", "tool")
     list_filter = (AgentFilter, ("name", ToolFilter), CapabilityFilter, AgeFilter)
     search_fields = ("run__id", "name")
@@ -211,26 +230,35 @@ class PendingApprovalAdmin(NexoModelAdmin):
         page. ``runs.decide`` checks them again when the decision is recorded."""
         runs.check_edited_args(call.run, call, args)
 
+    def get_call_preview(self, request: HttpRequest, call: ToolCall) -> CallPreview:
+        """The workspace the call acts in and, for a write, the diff against the current file."""
+        return call_preview(call.run, call)
+
     def get_other_pending(self, request: HttpRequest, call: ToolCall) -> QuerySet[PendingApproval]:
         return self.get_inbox_queryset(request).filter(run_id=call.run_id).exclude(pk=call.pk).order_by("created_at", "id")
 
     # Columns (model text escaped, hidden characters shown) ---------------------------------------
 
+    class Media:
+        css = {"all": ("nexo_django/admin.css",)}
+
     @admin.display(description="requested", ordering="created_at")
-    def requested(self, obj: ToolCall) -> Any:
-        return obj.created_at
+    def requested(self, obj: ToolCall) -> SafeString:
+        return format_html('<span title="{}">{}</span>', obj.created_at.isoformat(" ", "seconds"),
+                           timesince(obj.created_at, depth=1))
 
-    @admin.display(description="agent", ordering="run__agent")
-    def agent(self, obj: ToolCall) -> str:
-        return obj.run.agent_name
-
-    @admin.display(description="run")
+    @admin.display(description="run", ordering="agent")
     def run_column(self, obj: ToolCall) -> SafeString:
-        return self.run_link(obj.run_id)
+        # The class name only (the dotted path is its title): the arguments need the width.
+        by = format_html(" <small>by {}</small>", obj.run.created_by) if obj.run.created_by_id else ""
+        return format_html('<span title="{}">{}</span><br>{}{}', obj.agent, mark_hidden(obj.run.agent_name),
+                           self.run_link(obj.run_id), by)
 
     @admin.display(description="tool", ordering="name")
     def tool(self, obj: ToolCall) -> SafeString:
-        return reveal(obj.name)
+        if obj.capability == obj.name:
+            return reveal(obj.name)
+        return format_html("{}<br><small>{}</small>", reveal(obj.name), obj.capability)
 
     @admin.display(description="arguments")
     def arguments(self, obj: ToolCall) -> SafeString:
@@ -240,10 +268,6 @@ class PendingApprovalAdmin(NexoModelAdmin):
             '<span class="nexo-preview">{}</span><input type="hidden" name="digest_{}" value="{}">',
             preview(obj.args), obj.pk, obj.digest,
         )
-
-    @admin.display(description="age")
-    def age(self, obj: ToolCall) -> str:
-        return timesince(obj.created_at)
 
     @admin.display(description="started by", ordering="run__created_by")
     def started_by(self, obj: ToolCall) -> str:
@@ -305,6 +329,11 @@ class AgentRunAdmin(NexoModelAdmin):
         return super().get_queryset(request).annotate(
             pending_count=Coalesce(Subquery(pending, output_field=IntegerField()), 0)
         )
+
+    def get_queue_warning(self, request: HttpRequest, run: AgentRun) -> str | None:
+        """Why a queued run may wait forever (no worker listens on its queue), or None."""
+        warning = queue_warning(run=run) if run.status == RunStatus.QUEUED else None
+        return str(warning) if warning is not None else None
 
     @admin.display(description="run", ordering="created_at")
     def short_id(self, obj: AgentRun) -> str:

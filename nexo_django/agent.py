@@ -27,7 +27,7 @@ from .errors import (
 )
 from .llm import resolve_model
 from .llm.base import Message, add_usage
-from .permissions import Permissions, Verdict
+from .permissions import MODES, Permissions, Verdict
 from .sandboxes import Sandbox, make_sandbox
 from .tools import FETCH, GLOB, READ, SEARCH, SHELL, WRITE, Limits, Tool, ToolContext, error
 
@@ -178,6 +178,23 @@ def _seen_versions(messages: list[Message]) -> dict[str, str]:
     return seen
 
 
+def _check_declared_permissions(cls: type) -> None:
+    """A typo in ``permissions = "aprove"`` fails where the class is defined, not at the first run."""
+    declared = cls.__dict__.get("permissions")
+    if declared is None or isinstance(declared, Permissions):
+        return
+    if not isinstance(declared, str):
+        raise ConfigurationError(
+            f"{cls.__name__}.permissions must be a mode name ({', '.join(MODES)}) or a "
+            f"Permissions(...) instance, not {declared!r}"
+        )
+    if declared not in MODES:
+        raise ConfigurationError(
+            f"{cls.__name__}.permissions = {declared!r} is not a permission mode; use one of "
+            f"{', '.join(repr(m) for m in MODES)}, or a Permissions(...) instance"
+        )
+
+
 class Agent:
     """Declare an agent by subclassing; see docs/agents.md."""
 
@@ -190,6 +207,10 @@ class Agent:
     fetch_allow: ClassVar[list[str]] = []
     search_backend: ClassVar[Any] = None
     max_turns: ClassVar[int] = 25
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _check_declared_permissions(cls)
 
     def __init__(
         self,

@@ -158,3 +158,29 @@ def sqlite_journal_messages(alias: str, database: Mapping[str, Any]) -> list[Che
             hint=fix, id="nexo_django.W003",
         )]
     return []
+
+
+@register(Tags.database)
+def check_workers(
+    app_configs: Sequence[AppConfig] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Runs queued on a queue no worker listens on. A database check: Django runs it for
+    ``manage.py check --database default`` and ``migrate``, never for a plain ``check`` or
+    ``runserver`` (no query, no Redis). Redis down is a warning too, never an error."""
+    if not databases or "default" not in databases:
+        return []
+    from django.db import DatabaseError
+
+    from .queue_health import queue_warning
+
+    try:
+        warning = queue_warning()
+    except DatabaseError:
+        return []  # not migrated yet: nothing can be queued
+    if warning is None:
+        return []
+    if warning.unreachable:
+        return [Warning(str(warning), hint="Check the URL of the queue in RQ_QUEUES and that Redis runs.",
+                        id="nexo_django.W005")]
+    return [Warning(str(warning), hint=f"Run `python manage.py rqworker {warning.queue}` on a worker machine.",
+                    id="nexo_django.W004")]

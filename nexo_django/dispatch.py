@@ -106,3 +106,31 @@ def job_status(run_id: Any, generation: int) -> str | None:
     except NoSuchJobError:
         return None
     return str(status.value if hasattr(status, "value") else status) if status is not None else None
+
+
+#: Seconds to wait for Redis when only looking at workers (a check, a page): never hang on it.
+PROBE_TIMEOUT = 2.0
+
+
+def workers_listening(name: str | None = None) -> list[str] | None:
+    """Names of the live rq workers that listen on queue ``name`` (the run queue by default);
+    None for an inline queue, which needs no worker. Raises ``ConnectionError`` (the built-in)
+    when Redis cannot be reached within :data:`PROBE_TIMEOUT` seconds."""
+    name = name or queue_name()
+    if is_inline(name):
+        return None
+    import django_rq
+    from redis import ConnectionPool, Redis, RedisError
+    from rq import Queue, Worker
+
+    pool = django_rq.get_connection(name).connection_pool
+    options = {**pool.connection_kwargs, "socket_connect_timeout": PROBE_TIMEOUT, "socket_timeout": PROBE_TIMEOUT}
+    probe_pool = ConnectionPool(connection_class=pool.connection_class, **options)
+    try:
+        # Worker.all drops registrations whose worker key expired (a worker killed without cleanup).
+        workers = Worker.all(queue=Queue(name, connection=Redis(connection_pool=probe_pool)))
+    except RedisError as exc:
+        raise ConnectionError(f"Redis of queue {name!r} cannot be reached: {exc}") from exc
+    finally:
+        probe_pool.disconnect()
+    return sorted(w.name for w in workers)

@@ -28,6 +28,8 @@ class Report:
     needs_attention: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     resent: list[str] = field(default_factory=list)
+    #: Problems a person must fix, e.g. no worker listening on the run queue.
+    warnings: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return (
@@ -61,6 +63,7 @@ def reconcile(*, now: datetime | None = None, stale_after: float | None = None) 
         with transaction.atomic():
             if wake(run, RunStatus.SUSPENDED):
                 report.requeued.append(str(run.pk))
+    _warn_if_nobody_listens(report, now)
     if report.requeued or report.needs_attention or report.failed or report.resent:
         log.info("reconcile: %s", report)
     return report
@@ -82,6 +85,15 @@ def _recover_queued(run: AgentRun, report: Report) -> None:
         RunEvent.objects.create(run_id=run.pk, type="recovered", data={"recoveries": run.recoveries + 1})
         dispatch.enqueue_run(run.pk, run.generation + 1)
         report.requeued.append(str(run.pk))
+
+
+def _warn_if_nobody_listens(report: Report, now: datetime) -> None:
+    from .queue_health import queue_warning
+
+    warning = queue_warning(now=now)
+    if warning is not None:
+        report.warnings.append(str(warning))
+        log.warning("reconcile: %s", warning)
 
 
 def _recover_expired(run: AgentRun, report: Report) -> None:

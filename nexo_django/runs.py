@@ -6,6 +6,7 @@ count is checked: a second click, a second approver or a duplicate job changes n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
@@ -118,10 +119,39 @@ def _is_json(value: Any) -> bool:
 # --- starting ------------------------------------------------------------------------------------
 
 
+def _check_user(cls: type[Agent], method: str, user: Any) -> None:
+    from django.contrib.auth.base_user import AbstractBaseUser
+    from django.contrib.auth.models import AnonymousUser
+
+    if user is not None and not isinstance(user, (AbstractBaseUser, AnonymousUser)):
+        raise TypeError(
+            f"{cls.__name__}.{method}(user={user!r}): user must be a user object such as "
+            "request.user (or None), not a name or an id"
+        )
+
+
+def _refresh_at_commit(run: AgentRun) -> None:
+    """An inline queue runs the job at commit: refresh the object the caller holds right after,
+    so ``run.status`` is not stale (at once outside a transaction, at its commit inside one)."""
+    if not dispatch.is_inline():
+        return
+
+    def refresh() -> None:
+        with contextlib.suppress(AgentRun.DoesNotExist):
+            run.refresh_from_db()
+
+    transaction.on_commit(refresh)
+
+
 def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, **kwargs: Any) -> AgentRun:
+    method = "run_later" if later else "run"
     unknown = sorted(set(kwargs) - set(AGENT_OPTIONS))
     if unknown:
-        raise TypeError(f"{cls.__name__}.run() got unknown argument(s) {', '.join(unknown)}")
+        raise TypeError(
+            f"{cls.__name__}.{method}() got unknown argument(s) {', '.join(unknown)}; "
+            f"it takes {', '.join(AGENT_OPTIONS)} and user"
+        )
+    _check_user(cls, method, user)
     options: dict[str, Any] = {}
     live: dict[str, Any] = {}
     for key, value in kwargs.items():
@@ -138,7 +168,10 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
         else:
             live[key] = value
     # Build the agent now so a configuration error reaches the caller before anything is stored.
-    agent = cls(**options, **live)
+    try:
+        agent = cls(**options, **live)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{cls.__name__}.{method}(...): {exc}") from exc
     run = AgentRun(
         agent=cls.path(), prompt=prompt, status=RunStatus.QUEUED, created_by=_user(user),
         options={**options, "_live": sorted(live)} if live else options, generation=1,
@@ -161,6 +194,7 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
         )
         _event(run.pk, "created", agent=cls.path(), later=later)
         dispatch.enqueue_run(run.pk, run.generation)
+        _refresh_at_commit(run)
     return run
 
 

@@ -22,7 +22,8 @@ from django.views.decorators.cache import never_cache
 from django.views.generic import DetailView, ListView
 
 from .display import is_hidden, long_strings, message_view, reveal, reveal_json
-from .models import ACTIVE_RUN_STATUSES, AgentRun, ToolCall
+from .models import ACTIVE_RUN_STATUSES, AgentRun, RunStatus, ToolCall
+from .queue_health import queue_warning
 
 #: Permissions that let a user see every run, not only the runs they started.
 SEE_ALL_PERMISSIONS = ("nexo_django.view_agentrun", "nexo_django.decide_toolcall")
@@ -119,6 +120,11 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
     def get_inbox_url(self, call: ToolCall) -> str | None:
         return inbox_url(call)
 
+    def get_queue_warning(self, run: AgentRun) -> str | None:
+        """Why a queued run may wait forever (no worker on its queue), or None."""
+        warning = queue_warning(run=run) if run.status == RunStatus.QUEUED else None
+        return str(warning) if warning is not None else None
+
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
         run: AgentRun = self.object
@@ -127,6 +133,7 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
         context["result"] = reveal(run.result or "")
         context["error"] = reveal(run.error or "")
         context["transcript"] = transcript_entries(run.transcript())
+        context["queue_warning"] = self.get_queue_warning(run)
         context["pending"] = [
             {"call": c, "args": reveal_json(c.args), "texts": long_strings(c.args),
              "inbox_url": self.get_inbox_url(c)} for c in run.pending_calls()

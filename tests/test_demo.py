@@ -174,3 +174,18 @@ def test_with_database_url_the_example_runs_on_postgresql(tmp_path: Path, redis_
         vendor = _manage(env, "shell", "-c", "from django.db import connection; print(connection.vendor)")
         assert vendor.stdout.strip().splitlines()[-1] == "postgresql"
     assert (tmp_path / "ws" / "published" / "notes.md").read_text() == NOTES
+
+
+def test_the_top_level_manage_py_runs_the_example_project_from_any_folder(tmp_path: Path) -> None:
+    env = _example_env(tmp_path)
+    del env["DJANGO_SETTINGS_MODULE"]  # the script's own default
+    (tmp_path / "elsewhere").mkdir()
+    code = "from django.conf import settings; print(settings.ROOT_URLCONF)"
+    shown = subprocess.run([sys.executable, str(REPO_ROOT / "manage.py"), "shell", "-c", code], env=env,
+                           cwd=tmp_path / "elsewhere", capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[-1] == "example_project.urls"
+    listed = subprocess.run([sys.executable, str(REPO_ROOT / "manage.py"), "nexo_demo", "--help"], env=env,
+                            cwd=tmp_path / "elsewhere", capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr

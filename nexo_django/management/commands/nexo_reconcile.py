@@ -20,6 +20,8 @@ class Command(BaseCommand):
         while True:
             report = reconcile()
             self.stdout.write(str(report))
+            for warning in report.warnings:
+                self.stderr.write(f"warning: {warning}")
             rounds += 1
             if not every or (times and rounds >= times):
                 return

@@ -1,0 +1,90 @@
+"""The decision page's workspace and write diff (admin_preview), read through the run's sandbox."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.test import Client
+
+from nexo_django import admin_preview
+from nexo_django.admin_preview import call_preview, write_diff
+from nexo_django.sandboxes import VirtualSandbox
+from nexo_django.sandboxes.local import LocalSandbox
+from tests.durable_agents import Scribe
+from tests.test_admin_support import INBOX, make_user
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
+
+
+def test_a_missing_file_is_a_new_file_with_every_line_added(tmp_path: Path) -> None:
+    preview = write_diff(LocalSandbox(tmp_path), "notes/today.md", "one\ntwo\n")
+    assert preview.kind == "new"
+    assert [kind for kind, _ in preview.diff] == ["@", "+", "+"]
+    assert str(tmp_path.resolve()) in preview.workspace
+
+
+def test_a_changed_file_is_diffed_and_model_text_is_escaped(tmp_path: Path) -> None:
+    (tmp_path / "a.html").write_text("<p>old</p>\n")
+    preview = write_diff(LocalSandbox(tmp_path), "a.html", "<script>x()</script>\u202e\n")
+    assert preview.kind == "changed"
+    lines = dict((str(line), kind) for kind, line in preview.diff)
+    assert lines["-&lt;p&gt;old&lt;/p&gt;"] == "-"
+    added = [str(line) for kind, line in preview.diff if kind == "+"]
+    assert added[0].startswith("+&lt;script&gt;x()&lt;/script&gt;<span class=\"nexo-hidden-char\"")
+
+
+def test_the_same_content_is_unchanged(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("same\n")
+    assert write_diff(LocalSandbox(tmp_path), "a.txt", "same\n").kind == "unchanged"
+
+
+def test_large_files_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admin_preview, "DIFF_MAX_BYTES", 1024)
+    monkeypatch.setattr(admin_preview, "DIFF_MAX_LINES", 10)
+    (tmp_path / "big.txt").write_text("x\n" * 5000)
+    preview = write_diff(LocalSandbox(tmp_path), "big.txt", "y\n" * 5000)
+    assert any("only the first 1 KiB" in n for n in preview.notes)
+    assert any("the first 10 are shown" in n for n in preview.notes)
+    assert len(preview.diff) == 10
+
+
+def test_a_path_outside_the_workspace_is_never_read(tmp_path: Path) -> None:
+    (tmp_path / "secret.txt").write_text("top secret\n")
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "link").symlink_to(tmp_path / "secret.txt")
+    sandbox = LocalSandbox(tmp_path / "ws")
+    for path in ("../secret.txt", "link", "/etc/passwd"):
+        preview = write_diff(sandbox, path, "x")
+        assert preview.kind == "unavailable"
+        assert preview.diff == []
+        assert "top secret" not in " ".join(preview.notes)
+
+
+def test_a_virtual_workspace_is_compared_in_memory() -> None:
+    preview = write_diff(VirtualSandbox({"a.txt": "old\n"}), "a.txt", "new\n")
+    assert preview.kind == "changed"
+    assert "in-memory" in preview.workspace
+
+
+def test_call_preview_of_a_durable_run_and_the_decision_page(tmp_path: Path) -> None:
+    run = Scribe.run("write hi", cwd=tmp_path)
+    [call] = run.pending_calls()
+    preview = call_preview(run, call)
+    assert preview.kind == "new"
+    make_user("ann", "nexo_django.decide_toolcall")
+    client = Client()
+    client.force_login(make_user("bob", "nexo_django.decide_toolcall"))
+    page = client.get(f"{INBOX}{call.pk}/change/").content.decode()
+    assert 'id="workspace"' in page and str(tmp_path.resolve()) in page
+    assert 'data-kind="new"' in page and "New file" in page
+
+
+def test_a_call_that_is_not_a_write_shows_the_workspace_only(tmp_path: Path) -> None:
+    from nexo_django.models import ToolCall
+
+    run = Scribe.run("write hi", cwd=tmp_path)
+    call = ToolCall(run=run, name="shell", capability="shell", args={"command": "ls"})
+    preview = call_preview(run, call)
+    assert preview.kind == "" and preview.diff == []
+    assert str(tmp_path.resolve()) in preview.workspace

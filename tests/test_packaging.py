@@ -1,0 +1,138 @@
+"""What the package index receives: an sdist and a wheel that hold everything the app needs, a
+README whose links work off the repository, and the CI entry point's apt calls."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+SKIP = (".venv", ".git", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", ".ruff_cache", "build",
+        "dist", "*.egg-info", "artifacts", "db.sqlite3", "demo_workspace", ".coverage*")
+
+BUILD = """
+import sys
+from setuptools import build_meta
+kind, out = sys.argv[1], sys.argv[2]
+print((build_meta.build_sdist if kind == "sdist" else build_meta.build_wheel)(out))
+"""
+
+
+def _build(kind: str, source: Path, out: Path) -> Path:
+    # setuptools' PEP 517 backend, called directly: no build isolation, so no network either.
+    done = subprocess.run([sys.executable, "-c", BUILD, kind, str(out)], cwd=source, capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out / done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str], str]:
+    """The sdist built from a copy of the tree, then the wheel built from the unpacked sdist (as
+    an installer does): whatever the sdist forgets, the wheel lacks too."""
+    root = tmp_path_factory.mktemp("build")
+    source = root / "src"
+    shutil.copytree(REPO_ROOT, source, ignore=shutil.ignore_patterns(*SKIP))
+    (root / "out").mkdir()
+    sdist = _build("sdist", source, root / "out")
+    with tarfile.open(sdist) as tar:
+        sdist_names = tar.getnames()
+        tar.extractall(root / "unpacked", filter="data")
+    [unpacked] = (root / "unpacked").iterdir()
+    wheel = _build("wheel", unpacked, root / "out")
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        [metadata] = [n for n in names if n.endswith(".dist-info/METADATA")]
+        meta = zf.read(metadata).decode()
+    return sdist_names, names, meta
+
+
+def test_the_wheel_holds_py_typed_templates_static_and_the_license(built: tuple[list[str], list[str], str]) -> None:
+    _, names, _ = built
+    assert "nexo_django/py.typed" in names
+    assert "nexo_django/templates/admin/nexo_django/pendingapproval/decision.html" in names
+    assert "nexo_django/templates/nexo_django/run_detail.html" in names
+    assert "nexo_django/static/nexo_django/admin.css" in names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert "nexo_django/migrations/0001_initial.py" in names
+    assert not [n for n in names if n.startswith(("tests/", "example_project/", "bench/"))]
+
+
+def test_the_sdist_holds_the_license_and_the_readme(built: tuple[list[str], list[str], str]) -> None:
+    sdist_names, _, _ = built
+    assert any(n.endswith("/LICENSE") for n in sdist_names)
+    assert any(n.endswith("/README.md") for n in sdist_names)
+    assert any(n.endswith("/nexo_django/py.typed") for n in sdist_names)
+
+
+def test_the_metadata_has_the_license_classifiers_urls_and_the_readme(built: tuple[list[str], list[str], str]) -> None:
+    _, _, meta = built
+    assert "License-Expression: MIT" in meta
+    assert "Classifier: Framework :: Django :: 6.0" in meta
+    assert "Classifier: Typing :: Typed" in meta
+    assert f"Project-URL: Repository, {PYPROJECT['project']['urls']['Repository']}" in meta
+    assert "Description-Content-Type: text/markdown" in meta
+    assert "## In a Django project" in meta
+
+
+def test_readme_links_and_images_are_absolute_and_start_with_the_repository_url() -> None:
+    repository = PYPROJECT["project"]["urls"]["Repository"]
+    raw = repository.replace("https://github.com/", "https://raw.githubusercontent.com/") + "/main/"
+    readme = (REPO_ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme)
+    assert len(targets) >= 10
+    relative = [t for t in targets if not t.startswith(("https://", "#"))]
+    assert relative == [], "the package index's page cannot follow relative links"
+    for target in targets:
+        assert target.startswith((repository + "/", raw)), target
+    for address in re.findall(r"https://(?:github\.com|raw\.githubusercontent\.com)/[^\s)\"]+", readme):
+        assert address.startswith((repository, raw)), f"{address} is not under {repository}"
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
+    assert images and all(i.startswith(raw) for i in images)
+    for target in targets:
+        path = target.removeprefix(raw).removeprefix(repository + "/blob/main/").removeprefix(repository + "/tree/main/")
+        if not path.startswith("https://"):
+            assert (REPO_ROOT / path).exists(), f"{target} points at no file of the repository"
+
+
+def test_build_output_is_ignored_by_git() -> None:
+    for path in ("build/lib/x.py", "dist/nexo_django-0.1.0.tar.gz"):
+        checked = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO_ROOT)
+        assert checked.returncode == 0, f"{path} is not ignored"
+
+
+def test_ci_installs_without_recommends_and_waits_for_the_dpkg_lock(tmp_path: Path) -> None:
+    """.ci/run on a machine with none of the servers: a fake apt-get records what it is asked."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "apt.log"
+    (bin_dir / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (bin_dir / "make").write_text("#!/bin/sh\nexit 0\n")
+    for fake in ("apt-get", "make"):
+        (bin_dir / fake).chmod(0o755)
+    os.symlink(shutil.which("dirname") or "/usr/bin/dirname", bin_dir / "dirname")
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path)}
+    script = (REPO_ROOT / ".ci" / "run").read_text()
+    # Pretend PostgreSQL is missing too, wherever this test runs.
+    (tmp_path / "run").write_text(script.replace("/usr/lib/postgresql/15/bin/postgres", str(tmp_path / "no-postgres")))
+    (tmp_path / ".ci").mkdir()
+    shutil.move(tmp_path / "run", tmp_path / ".ci" / "run")
+    done = subprocess.run(["/bin/bash", str(tmp_path / ".ci" / "run")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    update, install = log.read_text().splitlines()
+    for line in (update, install):
+        assert re.search(r"-o DPkg::Lock::Timeout=\d+", line), line
+    assert "update" in update
+    assert "install" in install and "--no-install-recommends" in install and "-y" in install
+    assert install.split()[-4:] == ["redis-server", "postgresql-15", "chromium", "chromium-driver"]
