@@ -1,7 +1,8 @@
 """The lifecycle of durable runs: start, execute (one loop), decide, cancel, retry.
 
 Every status change is a compare-and-set ``filter(pk=..., status=expected).update(...)`` whose row
-count is checked: a second click, a second approver or a duplicate job changes nothing.
+count is checked: a second click, a second approver or a duplicate job changes nothing. The hot
+path (start, decide, wake, execute) runs its statements as prepared SQL (:mod:`nexo_django.sql`).
 """
 
 from __future__ import annotations
