@@ -1,7 +1,8 @@
 """The lifecycle of durable runs: start, execute (one loop), decide, cancel, retry.
 
 Every status change is a compare-and-set ``filter(pk=..., status=expected).update(...)`` whose row
-count is checked: a second click, a second approver or a duplicate job changes nothing.
+count is checked: a second click, a second approver or a duplicate job changes nothing. The hot
+path (start, decide, wake, execute) runs its statements as prepared SQL (:mod:`nexo_django.sql`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import dispatch
+from . import dispatch, sql
 from .conf import nexo_settings
 from .errors import (
     AlreadyDecided,
@@ -99,7 +100,7 @@ def _status_changed(run_id: Any, old: str, new: str) -> None:
 
 
 def _event(run_id: Any, type: str, **data: Any) -> None:
-    RunEvent.objects.create(run_id=run_id, type=type, data=data)
+    sql.create(RunEvent(run_id=run_id, type=type, data=data))
 
 
 def _user(user: Any) -> Any:
@@ -185,7 +186,7 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
         # run that stops for a person costs one write transaction to start. Should this process
         # die before that, no run exists: the caller never got one either.
         _drive(run, uuid.uuid4().hex, agent, messages, start="insert")
-        run.refresh_from_db()
+        sql.refresh(run)
         return run
     with transaction.atomic():
         run.save(force_insert=True)
@@ -226,7 +227,7 @@ def execute_run(run_id: str) -> str:
     """Drive a ``queued`` run until it finishes or suspends. Safe to call twice: the run is claimed
     (compare-and-set) by the journal's first commit, together with what that commit writes (the
     ``executing`` mark of an approved call, or before the first model request at the latest)."""
-    run = AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).first()
+    run = sql.get(AgentRun, id=run_id, status=RunStatus.QUEUED)
     if run is None:
         return "skipped"
     return _drive(run, uuid.uuid4().hex, None, None, start="claim")
@@ -333,16 +334,19 @@ def decide(
         raise InvalidEditedArguments("edited arguments go with an approval, not a denial")
     with transaction.atomic():
         # Serialises decisions on one run (PostgreSQL); SQLite serialises writers anyway.
-        run = AgentRun.objects.select_for_update().get(pk=call.run_id)
+        run = sql.get(AgentRun, id=call.run_id, for_update=True)
+        if run is None:
+            raise AgentRun.DoesNotExist(f"run {call.run_id} of {call.name} call {call.tool_call_id} no longer exists")
         if args is not None:
             check_edited_args(run, call, args)
         verdict = Verdict.APPROVED if approved else Verdict.DENIED
         # The compare-and-set is the check: still pending, and (if given) the digest the person saw.
-        match = {"pk": call.pk, "status": CallStatus.PENDING_APPROVAL}
+        now = timezone.now()
+        match = {"id": call.pk, "status": CallStatus.PENDING_APPROVAL}
         if digest is not None:
             match["digest"] = digest
-        updated = ToolCall.objects.filter(**match).update(
-            status=CallStatus.APPROVED if approved else CallStatus.DENIED, updated_at=timezone.now()
+        updated = sql.update(
+            ToolCall, match, {"status": CallStatus.APPROVED if approved else CallStatus.DENIED, "updated_at": now}
         )
         if not updated:
             current = ToolCall.objects.get(pk=call.pk)
@@ -354,32 +358,44 @@ def decide(
                 f"the arguments of {current.name} are not the ones you saw; reload the page and decide again"
             )
         call.status = CallStatus.APPROVED if approved else CallStatus.DENIED
-        decision = Decision.objects.create(
+        decision = sql.create(Decision(
             tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
             digest=args_digest(args) if args is not None else call.digest,
             decided_by=_user(by), source=source,
-        )
+        ))
         expired = 0
         if stop and not approved:
             # Deny and stop ends the run now: no other call of it runs, decided or not.
             expired = ToolCall.objects.filter(
                 run_id=run.pk, status__in=(CallStatus.PENDING_APPROVAL, CallStatus.APPROVED)
-            ).update(status=CallStatus.EXPIRED, updated_at=timezone.now())
+            ).update(status=CallStatus.EXPIRED, updated_at=now)
         _event(run.pk, "decision", call=call.tool_call_id, verdict=str(verdict), edited=args is not None,
                by=str(_user(by) or ""), source=source, **({"expired": expired} if expired else {}))
         # Wake the run only when no call of it is still pending: one statement, no race.
-        wake(run, RunStatus.SUSPENDED, ~Exists(
-            ToolCall.objects.filter(run_id=OuterRef("pk"), status=CallStatus.PENDING_APPROVAL)
-        ))
+        wake(run, RunStatus.SUSPENDED, unless_pending=True)
         transaction.on_commit(lambda: approval_decided.send(sender=ToolCall, tool_call=call, decision=decision))
     return decision
 
 
-def wake(run: AgentRun, old: str, *conditions: Any) -> bool:
-    """Queue the run again (if ``conditions`` hold) and send its job at commit."""
+def wake(run: AgentRun, old: str, *conditions: Any, unless_pending: bool = False) -> bool:
+    """Queue the run again (if ``conditions`` hold; with ``unless_pending`` only when no call of it
+    waits for a decision) and send its job at commit."""
     generation = run.generation + 1
-    if not transition(run, old, RunStatus.QUEUED, *conditions, generation=F("generation") + 1, lease_owner=None):
-        return False
+    if conditions:
+        if unless_pending:
+            conditions += (~Exists(
+                ToolCall.objects.filter(run_id=OuterRef("pk"), status=CallStatus.PENDING_APPROVAL)
+            ),)
+        if not transition(run, old, RunStatus.QUEUED, *conditions, generation=F("generation") + 1, lease_owner=None):
+            return False
+    else:
+        # The common wake-ups (a decision, a retry, a recovery) as one prepared statement.
+        if RunStatus.QUEUED not in TRANSITIONS[old]:
+            raise TransitionError(f"a run cannot go from {old} to {RunStatus.QUEUED}")
+        pending = CallStatus.PENDING_APPROVAL if unless_pending else None
+        if not sql.requeue(run.pk, old, RunStatus.QUEUED, timezone.now(), unless_pending=pending):
+            return False
+        _status_changed(run.pk, old, RunStatus.QUEUED)
     run.generation = generation
     dispatch.enqueue_run(run.pk, generation)
     return True

@@ -66,3 +66,34 @@ def test_scripted_approval_cycle_costs_five_write_transactions() -> None:
     assert run.status == "done", run.error
     assert start.write_transactions == 1
     assert cycle.write_transactions == 4
+
+
+def test_scripted_approval_cycle_runs_prepared_statements_only() -> None:
+    """Every statement of start, decision and resume is one nexo_django.sql built once (the ORM
+    builds none of them); run with no receivers on the models, as by default."""
+    from bench.agents import VirtualScribe
+    from nexo_django import sql
+
+    VirtualScribe.run("Write 'hi' to notes.txt").pending_calls().get().approve()  # builds them
+    with CaptureQueriesContext(connection) as start:
+        run = VirtualScribe.run("Write 'hi' to notes.txt")
+    call = run.pending_calls().get()
+    with CaptureQueriesContext(connection) as cycle:
+        call.approve()
+    prepared = {statement for statement, _ in sql._statements.values()}
+    ran = [q["sql"] for q in start.captured_queries + cycle.captured_queries]
+    work = [s for s in ran if s.split(None, 1)[0].upper() not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")]
+    # start: the run, its messages, events and pending call, and the run read back; decision: the
+    # run (locked), the call, the decision, its event, the wake-up; resume: the run, messages and
+    # calls read, then three transactions of three statements each.
+    assert len(work) == 5 + 5 + 3 + 9
+    unprepared = [s for s in work if not any(_same(s, p) for p in prepared)]
+    assert unprepared == []
+
+
+def _same(executed: str, prepared: str) -> bool:
+    """CaptureQueriesContext records the statement with its parameters filled in."""
+    import re
+
+    pattern = re.escape(prepared).replace("%s", ".*?")
+    return re.fullmatch(pattern, executed, re.DOTALL) is not None

@@ -366,3 +366,20 @@ def test_decide_updates_the_callers_object(tmp_path: Path) -> None:
     call = run.pending_calls()[0]
     call.deny(note="no")
     assert call.status == CallStatus.DENIED
+
+
+def test_wake_checks_pending_calls_with_and_without_further_conditions(tmp_path: Path) -> None:
+    from django.db.models import Q
+
+    from nexo_django.runs import wake
+
+    run = Scribe.run("write hi", cwd=tmp_path)
+    assert not wake(run, RunStatus.SUSPENDED, unless_pending=True)
+    assert not wake(run, RunStatus.SUSPENDED, Q(agent=run.agent), unless_pending=True)
+    assert not wake(run, RunStatus.SUSPENDED, Q(agent="elsewhere"))
+    run.refresh_from_db()
+    assert (run.status, run.generation) == (RunStatus.SUSPENDED, 1)
+    # Woken with its call undecided, the run (inline queue) asks for the same decision again.
+    assert wake(run, RunStatus.SUSPENDED, Q(agent=run.agent))
+    run.refresh_from_db()
+    assert (run.status, run.generation, run.pending_calls().count()) == (RunStatus.SUSPENDED, 2, 1)

@@ -1,0 +1,252 @@
+"""nexo_django.sql writes the rows the ORM would write, and reads them as the ORM reads them."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+from django.db.models import Model
+from django.db.models.signals import post_save
+
+from nexo_django import sql
+from nexo_django.models import (
+    AgentRun,
+    CallStatus,
+    Decision,
+    RunEvent,
+    RunMessage,
+    RunStatus,
+    ToolCall,
+    Verdict,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
+
+#: JSON that a serialiser could get wrong: unicode beyond the BMP, invisible and bidi characters,
+#: quotes and backslashes, JSON null inside a value, numbers, nesting, an empty key.
+AWKWARD_JSON: dict[str, Any] = {
+    "text": "ünïcödé 🚀 \u202eevil\u202c \u200b \"quoted\" \\back\\slash\n",
+    "none": None,
+    "numbers": [0, -1, 2**53, 1.5, True, False],
+    "nested": {"list": [{"k": "v"}, [], {}], "": "empty key"},
+}
+WHEN = datetime(2026, 11, 30, 23, 59, 58, 123456, tzinfo=UTC)
+
+
+def stored(model: type[Model], pk: Any) -> tuple[Any, ...]:
+    """The row's columns exactly as the database holds them (no conversion), primary key aside."""
+    meta = model._meta
+    columns = [f.column for f in meta.concrete_fields if not f.primary_key]
+    q = connection.ops.quote_name
+    select = ", ".join(q(c) for c in columns)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {select} FROM {q(meta.db_table)} WHERE {q(meta.pk.column)} = %s",
+            [meta.pk.get_db_prep_value(pk, connection)],
+        )
+        return tuple(cursor.fetchone())
+
+
+def fields(obj: Model) -> dict[str, Any]:
+    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
+
+
+def a_run(**extra: Any) -> AgentRun:
+    user = get_user_model().objects.create_user(f"u{uuid.uuid4().hex[:8]}")
+    values: dict[str, Any] = {
+        "agent": "tests.durable_agents.Scribe", "prompt": "Schreib «hallo» ✍️", "status": RunStatus.RUNNING,
+        "result": None, "error": "", "created_by": user, "finished_at": None, "usage": {"input_tokens": 3},
+        "options": AWKWARD_JSON, "workspace": None, "lease_owner": "tok-ü", "lease_expires_at": WHEN,
+        "generation": 7,
+    }
+    return AgentRun(**{**values, **extra})
+
+
+def test_a_run_created_here_is_stored_as_the_orm_stores_it() -> None:
+    by_orm = a_run()
+    by_orm.save(force_insert=True)
+    here = a_run(created_by=by_orm.created_by)
+    sql.create(here)
+    assert not here._state.adding
+    columns = [f.column for f in AgentRun._meta.concrete_fields if not f.primary_key]
+    ours = dict(zip(columns, stored(AgentRun, here.pk), strict=True))
+    theirs = dict(zip(columns, stored(AgentRun, by_orm.pk), strict=True))
+    # auto_now / auto_now_add differ by the moment of the write; everything else byte for byte.
+    for moment in ("created_at", "updated_at"):
+        assert ours.pop(moment) is not None and theirs.pop(moment) is not None
+    assert ours == theirs
+    back = AgentRun.objects.get(pk=here.pk)
+    assert fields(back) == fields(here)
+    assert back.options == AWKWARD_JSON and back.workspace is None and back.result is None
+    assert back.lease_expires_at == WHEN and back.pk == here.pk
+
+
+def test_rows_inserted_here_read_back_through_the_orm() -> None:
+    run = a_run()
+    sql.create(run)
+    messages = [(run.pk, i, "user", {"role": "user", "content": AWKWARD_JSON["text"], "i": i}, WHEN) for i in range(3)]
+    sql.insert(RunMessage, ("run_id", "seq", "role", "data", "created_at"), messages)
+    sql.insert(RunEvent, ("run_id", "type", "data", "created_at"), [(run.pk, "odd", AWKWARD_JSON, WHEN)])
+    assert list(RunMessage.objects.filter(run=run).order_by("seq").values_list("seq", "data", "created_at")) == [
+        (i, m[3], WHEN) for i, m in enumerate(messages)
+    ]
+    event = RunEvent.objects.get(run=run)
+    assert (event.type, event.data, event.created_at) == ("odd", AWKWARD_JSON, WHEN)
+    # ... and sql.values reads what the ORM reads.
+    assert sql.values(RunMessage, "data", "seq", run_id=run.pk) == [m[3] for m in messages]
+    assert sql.values(RunMessage, "data", "seq", run_id=str(run.pk)) == [m[3] for m in messages]
+
+
+def test_json_values_that_are_not_objects_round_trip() -> None:
+    run = a_run()
+    sql.create(run)
+    values = ["a string", 42, [1, "two"], True, {"null": None}]
+    sql.insert(RunEvent, ("run_id", "type", "data", "created_at"), [(run.pk, "v", v, WHEN) for v in values])
+    assert list(RunEvent.objects.filter(run=run).order_by("id").values_list("data", flat=True)) == values
+
+
+def test_an_update_here_is_a_compare_and_set_with_the_orm_values() -> None:
+    run = a_run()
+    run.save(force_insert=True)
+    later = WHEN + timedelta(seconds=5)
+    assert sql.update(AgentRun, {"id": run.pk, "status": RunStatus.QUEUED}, {"status": RunStatus.DONE}) == 0
+    changed = sql.update(
+        AgentRun, {"id": run.pk, "lease_owner": "tok-ü", "status": RunStatus.RUNNING},
+        {"status": RunStatus.SUSPENDED, "lease_owner": None, "lease_expires_at": None, "updated_at": later,
+         "usage": {"output_tokens": 9}, "workspace": AWKWARD_JSON, "result": "fertig ✓"},
+    )
+    assert changed == 1
+    back = AgentRun.objects.get(pk=run.pk)
+    assert (back.status, back.lease_owner, back.lease_expires_at, back.updated_at) == (
+        RunStatus.SUSPENDED, None, None, later,
+    )
+    assert (back.usage, back.workspace, back.result) == ({"output_tokens": 9}, AWKWARD_JSON, "fertig ✓")
+    # The ORM writing the same values stores the same bytes.
+    twin = a_run(created_by=run.created_by)
+    twin.save(force_insert=True)
+    AgentRun.objects.filter(pk=twin.pk).update(
+        status=RunStatus.SUSPENDED, lease_owner=None, lease_expires_at=None, updated_at=later,
+        usage={"output_tokens": 9}, workspace=AWKWARD_JSON, result="fertig ✓", created_at=back.created_at,
+    )
+    sql.update(AgentRun, {"id": run.pk}, {"created_at": back.created_at})
+    assert stored(AgentRun, run.pk) == stored(AgentRun, twin.pk)
+
+
+def test_get_and_refresh_read_what_the_orm_reads() -> None:
+    run = a_run()
+    run.save(force_insert=True)
+    orm = AgentRun.objects.get(pk=run.pk)
+    for key in (run.pk, str(run.pk)):
+        got = sql.get(AgentRun, id=key, status=RunStatus.RUNNING)
+        assert got is not None and fields(got) == fields(orm)
+        assert not got._state.adding and got._state.db == "default"
+    assert sql.get(AgentRun, id=run.pk, status=RunStatus.QUEUED) is None
+    with transaction.atomic():
+        locked = sql.get(AgentRun, id=run.pk, for_update=True)
+    assert locked is not None and fields(locked) == fields(orm)
+    AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.DONE, finished_at=WHEN, workspace=[1])
+    stale = AgentRun.objects.get(pk=run.pk)
+    assert stale.created_by is not None  # cached now
+    AgentRun.objects.filter(pk=run.pk).update(created_by=None, result="ok")
+    sql.refresh(stale)
+    assert (stale.status, stale.finished_at, stale.workspace, stale.result) == (RunStatus.DONE, WHEN, [1], "ok")
+    assert stale.created_by is None  # the cached user is dropped, as refresh_from_db drops it
+
+
+def test_calls_with_decisions_reads_what_select_related_reads() -> None:
+    run = a_run()
+    run.save(force_insert=True)
+    decided = ToolCall.objects.create(
+        run=run, tool_call_id="c1", name="write", capability="write", args=AWKWARD_JSON, digest="d" * 64,
+        status=CallStatus.APPROVED, result=None,
+    )
+    Decision.objects.create(tool_call=decided, verdict=Verdict.APPROVED, note="ok ✓", args={"path": "ä"},
+                            digest="d" * 64, decided_by=run.created_by, source="admin")
+    ToolCall.objects.create(
+        run=run, tool_call_id="c2", name="shell", capability="shell", args={}, digest="e" * 64,
+        status=CallStatus.PENDING_APPROVAL, idempotent=True, result={"error": "x"},
+    )
+    orm = {c.tool_call_id: c for c in ToolCall.objects.filter(run=run).select_related("decision")}
+    ours = {c.tool_call_id: c for c in sql.calls_with_decisions(run.pk, ["c1", "c2", "absent"])}
+    assert sorted(ours) == ["c1", "c2"]
+    for key, call in ours.items():
+        assert fields(call) == fields(orm[key])
+    assert fields(ours["c1"].decision) == fields(orm["c1"].decision)
+    assert ours["c1"].decision.tool_call is ours["c1"]
+    with pytest.raises(ToolCall.decision.RelatedObjectDoesNotExist):
+        ours["c2"].decision  # noqa: B018 - cached as absent: no query, the ORM's error
+    assert sql.calls_with_decisions(run.pk, []) == []
+
+
+def test_bulk_create_sets_keys_and_create_writes_decisions_like_the_orm() -> None:
+    run = a_run()
+    run.save(force_insert=True)
+    calls = [
+        ToolCall(run_id=run.pk, agent=run.agent, tool_call_id=f"c{i}", name="write", capability="write",
+                 args={"i": i, "s": "ü"}, digest=str(i) * 64, status=CallStatus.PENDING_APPROVAL)
+        for i in range(3)
+    ]
+    sql.bulk_create(calls)
+    assert all(c.pk is not None and not c._state.adding for c in calls)
+    assert [fields(c) for c in calls] == [fields(ToolCall.objects.get(pk=c.pk)) for c in calls]
+    decision = sql.create(Decision(tool_call=calls[0], verdict=Verdict.DENIED, note="nein", args=None,
+                                   digest=calls[0].digest, decided_by=None, source="api"))
+    back = Decision.objects.get(pk=decision.pk)
+    assert fields(back) == fields(decision)
+    assert back.args is None and back.decided_at is not None and back.decided_at.tzinfo is not None
+    twin = Decision.objects.create(tool_call=calls[1], verdict=Verdict.DENIED, note="nein", args=None,
+                                   digest=calls[0].digest, decided_by=None, source="api")
+    ours, theirs = stored(Decision, decision.pk), stored(Decision, twin.pk)
+    columns = [f.column for f in Decision._meta.concrete_fields if not f.primary_key]
+    skip = {columns.index("tool_call_id"), columns.index("decided_at")}
+    assert [v for i, v in enumerate(ours) if i not in skip] == [v for i, v in enumerate(theirs) if i not in skip]
+
+
+def test_create_leaves_a_listened_model_to_the_orm_so_receivers_run() -> None:
+    run = a_run()
+    run.save(force_insert=True)
+    seen: list[tuple[Any, bool]] = []
+
+    def receiver(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
+        seen.append((instance, created))
+
+    post_save.connect(receiver, sender=RunEvent)
+    try:
+        event = sql.create(RunEvent(run=run, type="heard", data={}))
+    finally:
+        post_save.disconnect(receiver, sender=RunEvent)
+    assert seen == [(event, True)]
+    sql.create(RunEvent(run=run, type="unheard", data={}))
+    assert len(seen) == 1
+
+
+def test_requeue_bumps_the_generation_only_when_no_call_is_pending() -> None:
+    run = a_run(status=RunStatus.SUSPENDED)
+    run.save(force_insert=True)
+    call = ToolCall.objects.create(run=run, tool_call_id="c", name="write", capability="write", args={},
+                                   digest="d" * 64, status=CallStatus.PENDING_APPROVAL)
+    pending = CallStatus.PENDING_APPROVAL
+    assert sql.requeue(run.pk, RunStatus.SUSPENDED, RunStatus.QUEUED, WHEN, unless_pending=pending) == 0
+    ToolCall.objects.filter(pk=call.pk).update(status=CallStatus.APPROVED)
+    assert sql.requeue(run.pk, RunStatus.RUNNING, RunStatus.QUEUED, WHEN, unless_pending=pending) == 0
+    assert sql.requeue(run.pk, RunStatus.SUSPENDED, RunStatus.QUEUED, WHEN, unless_pending=pending) == 1
+    back = AgentRun.objects.get(pk=run.pk)
+    assert (back.status, back.generation, back.lease_owner, back.updated_at) == (RunStatus.QUEUED, 8, None, WHEN)
+    assert sql.requeue(run.pk, RunStatus.QUEUED, RunStatus.QUEUED, WHEN) == 1
+    assert AgentRun.objects.get(pk=run.pk).generation == 9
+
+
+def test_a_failed_statement_marks_the_atomic_block_for_rollback() -> None:
+    run = a_run()
+    run.save(force_insert=True)
+    rows = [(run.pk, 0, "user", {}, WHEN)]
+    sql.insert(RunMessage, ("run_id", "seq", "role", "data", "created_at"), rows)
+    with transaction.atomic():
+        with pytest.raises(Exception, match="(?i)unique"):
+            sql.insert(RunMessage, ("run_id", "seq", "role", "data", "created_at"), rows)
+        assert transaction.get_connection().needs_rollback  # the block ends in a rollback
+    assert RunMessage.objects.filter(run=run).count() == 1
