@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from . import dispatch
 from .conf import nexo_settings
-from .models import AgentRun, CallStatus, RunEvent, RunStatus, ToolCall
+from .models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall
 from .runs import transition, wake
 
 log = logging.getLogger("nexo_django.recovery")
@@ -36,37 +36,71 @@ class Report:
         )
 
 
-def reconcile(*, now: datetime | None = None, stale_after: float | None = None) -> Report:
-    """Recover runs whose worker died (expired lease), whose job was lost (queued with no job in
-    Redis), or that were left suspended with nothing pending."""
+#: The suspended runs a round looks at are those with a call that changed this recently (at least
+#: ten rounds' worth); ``reconcile(full=True)`` looks at every suspended run.
+RECENT = timedelta(hours=1)
+
+
+def reconcile(
+    *, now: datetime | None = None, stale_after: float | None = None, full: bool = False
+) -> Report:
+    """Recover runs whose worker died (expired lease), whose job will never claim them (queued,
+    and their job is not waiting in Redis: lost, taken by a killed worker, failed), or that were
+    left suspended with nothing pending. A round reads only the runs that may need it (indexed),
+    so its cost does not grow with the number of suspended or finished runs."""
     now = now or timezone.now()
     report = Report()
     expired = AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now)
     for run in expired:
-        _recover_expired(run, report)
+        _recover_expired(run, now, report)
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
-    for run in AgentRun.objects.filter(status=RunStatus.QUEUED, updated_at__lt=now - grace):
-        if not dispatch.job_exists(run.pk, run.generation):
-            with transaction.atomic():
-                AgentRun.objects.filter(pk=run.pk, status=RunStatus.QUEUED).update(updated_at=timezone.now())
-                dispatch.enqueue_run(run.pk, run.generation)
-            report.resent.append(str(run.pk))
-    pending = ToolCall.objects.filter(run=OuterRef("pk"), status=CallStatus.PENDING_APPROVAL)
-    for run in AgentRun.objects.filter(status=RunStatus.SUSPENDED).exclude(Exists(pending)):
-        with transaction.atomic():
-            if wake(run, RunStatus.SUSPENDED):
-                report.requeued.append(str(run.pk))
+    _resend_lost_jobs(now - grace, report)
+    _wake_forgotten(None if full else now - max(RECENT, 10 * grace), report)
     if report.requeued or report.needs_attention or report.failed or report.resent:
         log.info("reconcile: %s", report)
     return report
 
 
-def _recover_expired(run: AgentRun, report: Report) -> None:
+def _resend_lost_jobs(before: datetime, report: Report) -> None:
+    from redis.exceptions import RedisError
+
+    for run in AgentRun.objects.filter(status=RunStatus.QUEUED, updated_at__lt=before):
+        try:
+            if dispatch.job_pending(run.pk, run.generation):
+                continue
+        except (RedisError, OSError) as exc:
+            log.warning("reconcile: Redis is unreachable (%s); queued runs are checked next round", exc)
+            return
+        with transaction.atomic():
+            # A new job id: the old job (lost, or taken by a worker that died, or failed) stays as
+            # it is. Should it run after all, it finds the run claimed and does nothing.
+            if AgentRun.objects.filter(pk=run.pk, status=RunStatus.QUEUED, generation=run.generation).update(
+                generation=F("generation") + 1, updated_at=timezone.now()
+            ):
+                dispatch.enqueue_run(run.pk, run.generation + 1)
+                report.resent.append(str(run.pk))
+
+
+def _wake_forgotten(since: datetime | None, report: Report) -> None:
+    pending = ToolCall.objects.filter(run=OuterRef("pk"), status=CallStatus.PENDING_APPROVAL)
+    runs = AgentRun.objects.filter(status=RunStatus.SUSPENDED)
+    if since is not None:
+        # Only a call that left pending_approval can leave a run with nothing pending: look at
+        # the runs of the calls that changed lately (an index), not at every suspended run.
+        runs = runs.filter(pk__in=ToolCall.objects.filter(updated_at__gte=since).values("run_id"))
+    for run in runs.exclude(Exists(pending)):
+        with transaction.atomic():
+            if wake(run, RunStatus.SUSPENDED, ~Exists(pending)):
+                report.requeued.append(str(run.pk))
+
+
+def _recover_expired(run: AgentRun, now: datetime, report: Report) -> None:
     with transaction.atomic():
         # Take the run from the dead worker: clearing the lease fences off any late write of its.
-        if not AgentRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING, lease_owner=run.lease_owner).update(
-            lease_owner=None, updated_at=timezone.now()
-        ):
+        # The expiry is checked again here: a heartbeat may have renewed it since the run was read.
+        if not AgentRun.objects.filter(
+            pk=run.pk, status=RunStatus.RUNNING, lease_owner=run.lease_owner, lease_expires_at__lt=now
+        ).update(lease_owner=None, updated_at=timezone.now()):
             return
         executing = list(ToolCall.objects.filter(run_id=run.pk, status=CallStatus.EXECUTING))
         unsafe = [c for c in executing if not c.idempotent]
@@ -82,14 +116,23 @@ def _recover_expired(run: AgentRun, report: Report) -> None:
             RunEvent.objects.create(run_id=run.pk, type="outcome_unknown", data={"calls": [c.tool_call_id for c in unsafe]})
             report.needs_attention.append(str(run.pk))
             return
-        if run.recoveries >= int(nexo_settings.MAX_RECOVERIES):
+        # Only recoveries without progress count: a long run whose workers are killed now and
+        # then, but that gets further each time, is never given up on.
+        messages = RunMessage.objects.filter(run_id=run.pk).count()
+        last = (
+            RunEvent.objects.filter(run_id=run.pk, type="recovered").order_by("-id").values_list("data", flat=True).first()
+        )
+        streak = run.recoveries
+        if isinstance(last, dict) and isinstance(last.get("messages"), int) and messages > last["messages"]:
+            streak = 0
+        if streak >= int(nexo_settings.MAX_RECOVERIES):
             transition(run, RunStatus.RUNNING, RunStatus.FAILED, finished_at=timezone.now(),
-                       error=f"gave up after {run.recoveries} recoveries: the worker running it kept dying")
-            RunEvent.objects.create(run_id=run.pk, type="gave_up", data={"recoveries": run.recoveries})
+                       error=f"gave up after {streak} recoveries without progress: the worker running it kept dying")
+            RunEvent.objects.create(run_id=run.pk, type="gave_up", data={"recoveries": streak})
             report.failed.append(str(run.pk))
             return
-        run.recoveries += 1
+        run.recoveries = streak + 1
         AgentRun.objects.filter(pk=run.pk).update(recoveries=run.recoveries)
-        RunEvent.objects.create(run_id=run.pk, type="recovered", data={"recoveries": run.recoveries})
+        RunEvent.objects.create(run_id=run.pk, type="recovered", data={"recoveries": run.recoveries, "messages": messages})
         if wake(run, RunStatus.RUNNING):
             report.requeued.append(str(run.pk))
