@@ -120,3 +120,11 @@ class Sleeper(Agent):
     model = ScriptedModel([tool_call("nap", seconds=2.0), reply("Rested.")])
     permissions = "auto"
     tools = [nap]
+
+
+class SlowSleeper(Agent):
+    """Scripted: one slow call (long enough to restart a database meanwhile), then an answer."""
+
+    model = ScriptedModel([tool_call("nap", seconds=4.0), reply("Rested.")])
+    permissions = "auto"
+    tools = [nap]
