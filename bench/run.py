@@ -49,6 +49,8 @@ STEPS = [
     Step("through_queue", ["bench.through_queue"], ["--samples", "10", "--runs", "20"]),
     Step("inbox_sqlite", ["bench.inbox", "--db", "sqlite"], ["--sizes", "1000,10000", "--renders", "3"]),
     Step("inbox_postgres", ["bench.inbox", "--db", "postgres"], ["--sizes", "1000,10000", "--renders", "3"]),
+    Step("reconcile_sqlite", ["bench.reconcile", "--db", "sqlite"], ["--sizes", "1000,10000", "--rounds", "5"]),
+    Step("reconcile_postgres", ["bench.reconcile", "--db", "postgres"], ["--sizes", "1000,10000", "--rounds", "5"]),
 ]
 
 

@@ -54,6 +54,7 @@ TARGETS = [
            ("db",)),
     Target("decision_median_ms_at_100k", {"figure": "decision_page", "pending": "100000"}, "median_ms", "<=", 150,
            ("db",)),
+    Target("reconcile_round_ms_at_100k", {"figure": "reconcile", "runs": "100000"}, "median_ms", "<=", 5, ("db",)),
 ]  # fmt: skip
 
 #: Pages whose query count must be the same at 1k and at 100k pending calls.
