@@ -62,9 +62,10 @@ def send_or_log(run_id: str, generation: int) -> bool:
 
 def send(run_id: str, generation: int) -> None:
     if is_inline():
-        from .jobs import continue_run
+        # In the caller's process: not a job of a worker, so its connections are left alone.
+        from .runs import execute_run
 
-        continue_run(run_id)
+        execute_run(run_id)
         return
     get_queue().enqueue_call(
         func=JOB_FUNC,
@@ -120,8 +121,8 @@ def job_pending(run_id: Any, generation: int) -> bool:
 
     queue = get_queue()
     jid = job_id(run_id, generation)
-    with queue.connection.pipeline(transaction=False) as pipe:
-        pipe.hget(Job.key_for(jid), "status")
-        pipe.lpos(queue.key, jid)
-        status, position = pipe.execute()
-    return status in (b"queued", "queued") and position is not None
+    if queue.connection.hget(Job.key_for(jid), "status") not in (b"queued", "queued"):
+        return False
+    # Queued, and still in the queue's list (not taken into a worker's hands: rq's intermediate
+    # queue, where a worker killed at that moment leaves it).
+    return queue.get_job_position(jid) is not None
