@@ -147,3 +147,32 @@ def test_run_cut_off_by_a_postgres_restart_is_recovered_not_failed(
         assert AgentRun.objects.get(pk=run.pk).recoveries == 1
     finally:
         workers.stop()
+
+
+def test_a_database_error_mid_drive_leaves_the_run_to_the_reconciler(
+    own_postgres: PostgresServer, redis_queue_settings: Any, settings: Any, tmp_path: Path
+) -> None:
+    from django.db import connection
+    from rq.job import Job
+
+    settings.NEXO = {**settings.NEXO, "LEASE_SECONDS": 2}
+    # A database that refuses one kind of write for a while (a full disk, a failover).
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE FUNCTION nexo_refuse() RETURNS trigger AS $$ BEGIN "
+                       "RAISE EXCEPTION 'refused for the test'; END $$ LANGUAGE plpgsql")
+        cursor.execute("CREATE TRIGGER nexo_refuse BEFORE INSERT ON nexo_django_toolcall "
+                       "FOR EACH ROW EXECUTE FUNCTION nexo_refuse()")
+    workers = start_workers(own_postgres, redis_queue_settings, settings, tmp_path, "rq.worker.Worker")
+    try:
+        # Under auto the write runs at once: marking it executing (an insert) fails, mid-drive.
+        run = Scribe.run_later("Write 'hi'", cwd=tmp_path, permissions="auto")
+        job = Job.fetch(dispatch.job_id(run.pk, run.generation), connection=dispatch.get_queue().connection)
+        wait_until(lambda: job.get_status(refresh=True) in ("failed", "finished"), timeout=WAIT, what="the job")
+        assert status_of(run) == RunStatus.RUNNING, AgentRun.objects.get(pk=run.pk).error  # not failed
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER nexo_refuse ON nexo_django_toolcall")
+        wait_reconciled(run, RunStatus.DONE, workers)
+        assert AgentRun.objects.get(pk=run.pk).recoveries == 1
+        assert (tmp_path / "notes.txt").read_text() == "hi"
+    finally:
+        workers.stop()
