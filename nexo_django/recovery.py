@@ -7,8 +7,10 @@ every change is a compare-and-set.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef
@@ -18,6 +20,9 @@ from . import dispatch
 from .conf import nexo_settings
 from .models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall
 from .runs import transition, wake
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
 
 log = logging.getLogger("nexo_django.recovery")
 
@@ -39,6 +44,7 @@ class Report:
 #: The suspended runs a round looks at are those with a call that changed this recently (at least
 #: ten rounds' worth); ``reconcile(full=True)`` looks at every suspended run.
 RECENT = timedelta(hours=1)
+BATCH = 500
 
 
 def reconcile(
@@ -50,7 +56,7 @@ def reconcile(
     so its cost does not grow with the number of suspended or finished runs."""
     now = now or timezone.now()
     report = Report()
-    expired = AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now)
+    expired = AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).order_by()
     for run in expired:
         _recover_expired(run, now, report)
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
@@ -64,7 +70,7 @@ def reconcile(
 def _resend_lost_jobs(before: datetime, report: Report) -> None:
     from redis.exceptions import RedisError
 
-    for run in AgentRun.objects.filter(status=RunStatus.QUEUED, updated_at__lt=before):
+    for run in AgentRun.objects.filter(status=RunStatus.QUEUED, updated_at__lt=before).order_by():
         try:
             if dispatch.job_pending(run.pk, run.generation):
                 continue
@@ -83,15 +89,21 @@ def _resend_lost_jobs(before: datetime, report: Report) -> None:
 
 def _wake_forgotten(since: datetime | None, report: Report) -> None:
     pending = ToolCall.objects.filter(run=OuterRef("pk"), status=CallStatus.PENDING_APPROVAL)
-    runs = AgentRun.objects.filter(status=RunStatus.SUSPENDED)
-    if since is not None:
+    suspended = AgentRun.objects.filter(status=RunStatus.SUSPENDED).exclude(Exists(pending)).order_by()
+    if since is None:
+        batches: Iterable[QuerySet[AgentRun]] = [suspended]
+    else:
         # Only a call that left pending_approval can leave a run with nothing pending: look at
-        # the runs of the calls that changed lately (an index), not at every suspended run.
-        runs = runs.filter(pk__in=ToolCall.objects.filter(updated_at__gte=since).values("run_id"))
-    for run in runs.exclude(Exists(pending)):
-        with transaction.atomic():
-            if wake(run, RunStatus.SUSPENDED, ~Exists(pending)):
-                report.requeued.append(str(run.pk))
+        # the runs of the calls that changed lately (an index), not at every suspended run. The
+        # ids are read first: given a subquery, SQLite walks every suspended run instead.
+        # (No DISTINCT either: SQLite would rather walk another index in run order for it.)
+        recent = sorted(set(ToolCall.objects.filter(updated_at__gte=since).order_by().values_list("run_id", flat=True)))
+        batches = (suspended.filter(pk__in=recent[i : i + BATCH]) for i in range(0, len(recent), BATCH))
+    for batch in batches:
+        for run in batch:
+            with transaction.atomic():
+                if wake(run, RunStatus.SUSPENDED, ~Exists(pending)):
+                    report.requeued.append(str(run.pk))
 
 
 def _recover_expired(run: AgentRun, now: datetime, report: Report) -> None:
