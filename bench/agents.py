@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from nexo_django import Agent, tool
+from nexo_django.testing import ScriptedModel, reply, tool_call
+from nexo_django.tools import ToolContext
 from tests.durable_agents import Scribe
 
 
@@ -10,3 +15,60 @@ class VirtualScribe(Scribe):
     the tool, so the cycle measures the durable layer alone."""
 
     sandbox = "virtual"
+
+
+CHAOS_LEDGER = "NEXO_CHAOS_LEDGER"
+CHAOS_MODEL_LOG = "NEXO_CHAOS_MODEL_LOG"
+
+
+def _append(path: str, line: str) -> None:
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@tool(capability="shell", idempotent=False)
+def ledger(entry: str, ctx: ToolContext) -> dict:
+    """Scripted side effect: appends '<workspace name> <entry>' to the file named by
+    NEXO_CHAOS_LEDGER (fsync'd), so bench/chaos.py can see any call that ran twice."""
+    import os
+
+    root = str(getattr(ctx.sandbox, "root", "?"))
+    _append(os.environ[CHAOS_LEDGER], f"{os.path.basename(root)} {entry}\n")
+    return {"logged": entry}
+
+
+class ChaosModel(ScriptedModel):
+    """The scripted model, which also appends '<prompt> <turn>' to NEXO_CHAOS_MODEL_LOG each time
+    it is asked for a turn, so a turn asked twice (after a crash) can be counted."""
+
+    def complete(self, messages: list[Any], tools: list[dict[str, Any]]) -> Any:
+        import os
+
+        path = os.environ.get(CHAOS_MODEL_LOG)
+        if path:
+            prompt = next((m.get("content") for m in messages if m.get("role") == "user"), "?")
+            turn = sum(1 for m in messages if m.get("role") == "assistant")
+            _append(path, f"{prompt} {turn}\n")
+        return super().complete(messages, tools)
+
+
+class ChaosAgent(Agent):
+    """Scripted: four gated non-idempotent calls in four turns (two local writes, two ledger
+    entries; an ungated glob beside the first), then an answer."""
+
+    model = ChaosModel([
+        [tool_call("glob", pattern="*"), tool_call("write", path="a.txt", content="alpha\n")],
+        tool_call("ledger", entry="t1"),
+        tool_call("write", path="b.txt", content="beta\n"),
+        tool_call("ledger", entry="t3"),
+        reply("Done."),
+    ])  # fmt: skip
+    sandbox = "local"
+    permissions = "approve"
+    tools = [ledger]

@@ -53,6 +53,8 @@ STEPS = [
     # The peers (bench/peers.py, the `bench` extra), each timed in turn with nexo's cycle in one process.
     Step("peers_sqlite_wal", ["bench.peers", "--nexo-db", "sqlite-wal-full"], ["--cycles", "30", "--round", "10"]),
     Step("peers_postgres", ["bench.peers", "--nexo-db", "postgres"], ["--cycles", "30", "--round", "10"]),
+    Step("reconcile_sqlite", ["bench.reconcile", "--db", "sqlite"], ["--sizes", "1000,10000", "--rounds", "5"]),
+    Step("reconcile_postgres", ["bench.reconcile", "--db", "postgres"], ["--sizes", "1000,10000", "--rounds", "5"]),
 ]
 
 

@@ -9,6 +9,7 @@ at commit with no Redis (DESIGN.md §6).
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from typing import Any
@@ -72,7 +73,8 @@ DATABASES = {
 _REDIS_URL = os.environ.get("BENCH_REDIS_URL")
 RQ_QUEUES: dict[str, dict[str, Any]] = {"default": {"URL": _REDIS_URL} if _REDIS_URL else {"ASYNC": False}}
 
-NEXO: dict[str, Any] = {}
+# BENCH_NEXO: JSON overrides (bench/chaos.py: a short lease), for the bench process and its workers.
+NEXO: dict[str, Any] = json.loads(os.environ.get("BENCH_NEXO") or "{}")
 # The benchmarks measure Django's SQLite defaults and WAL without FULL on purpose.
 SILENCED_SYSTEM_CHECKS = ["nexo_django.W002", "nexo_django.W003"]
 

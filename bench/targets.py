@@ -61,6 +61,7 @@ TARGETS = [
            ("nexo_db", "best_peer")),
     Target("durable_loop_us_per_turn", {"figure": "durable_loop"}, "us_per_turn", "<=", 1000, ("db",)),
     Target("durable_loop_turn200_over_turn10", {"figure": "durable_loop"}, "growth", "<=", FLAT_GROWTH, ("db",)),
+    Target("reconcile_round_ms_at_100k", {"figure": "reconcile", "runs": "100000"}, "median_ms", "<=", 5, ("db",)),
 ]  # fmt: skip
 
 #: Pages whose query count must be the same at 1k and at 100k pending calls.

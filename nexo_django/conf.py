@@ -24,7 +24,8 @@ DEFAULTS: dict[str, Any] = {
     "SEARCH_BACKEND": None,
     # Seconds a worker's claim on a run lasts without a heartbeat.
     "LEASE_SECONDS": 120,
-    # How many times the reconciler re-enqueues a run whose worker died before giving up.
+    # How many times in a row, without progress, the reconciler re-enqueues a run whose worker
+    # died before giving up.
     "MAX_RECOVERIES": 3,
     # rq job timeout in seconds; keep it above the model and tool timeouts.
     "JOB_TIMEOUT": 1800,

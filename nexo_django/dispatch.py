@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.conf import settings
@@ -12,6 +13,8 @@ from .conf import nexo_settings
 from .errors import ConfigurationError
 
 JOB_FUNC = "nexo_django.jobs.continue_run"
+
+log = logging.getLogger("nexo_django.dispatch")
 
 
 def queue_name() -> str:
@@ -39,15 +42,30 @@ def job_id(run_id: Any, generation: int) -> str:
 
 
 def enqueue_run(run_id: Any, generation: int) -> None:
-    """Wake a worker for the run when the current transaction commits."""
-    transaction.on_commit(lambda: send(str(run_id), generation))
+    """Wake a worker for the run when the current transaction commits. Redis being unreachable
+    then is logged, not raised: the run is committed as queued and the reconciler sends its job
+    again (the caller gets the committed state, not an error about a wake-up)."""
+    transaction.on_commit(lambda: send_or_log(str(run_id), generation))
+
+
+def send_or_log(run_id: str, generation: int) -> bool:
+    from redis.exceptions import RedisError
+
+    try:
+        send(run_id, generation)
+    except (RedisError, OSError) as exc:
+        log.warning("run %s: its job could not be sent (%s: %s); the reconciler will send it again",
+                    run_id, type(exc).__name__, exc)
+        return False
+    return True
 
 
 def send(run_id: str, generation: int) -> None:
     if is_inline():
-        from .jobs import continue_run
+        # In the caller's process: not a job of a worker, so its connections are left alone.
+        from .runs import execute_run
 
-        continue_run(run_id)
+        execute_run(run_id)
         return
     get_queue().enqueue_call(
         func=JOB_FUNC,
@@ -87,9 +105,6 @@ def job_exists(run_id: Any, generation: int) -> bool:
     """Whether Redis still holds the run's current job (False for inline queues)."""
     return job_status(run_id, generation) is not None
 
-
-#: rq job statuses of a job that will still run, or runs now.
-LIVE_JOB_STATUSES = frozenset({"created", "queued", "started", "deferred", "scheduled"})
 
 
 def job_status(run_id: Any, generation: int) -> str | None:
@@ -134,3 +149,20 @@ def workers_listening(name: str | None = None) -> list[str] | None:
     finally:
         probe_pool.disconnect()
     return sorted(w.name for w in workers)
+
+
+def job_pending(run_id: Any, generation: int) -> bool:
+    """Whether the run's current job still waits in its queue for a worker (False for inline
+    queues). A job that a worker took (``started``: the worker may have been killed since),
+    that failed (the database was down) or that Redis lost will never claim the run."""
+    if is_inline():
+        return False
+    from rq.job import Job
+
+    queue = get_queue()
+    jid = job_id(run_id, generation)
+    if queue.connection.hget(Job.key_for(jid), "status") not in (b"queued", "queued"):
+        return False
+    # Queued, and still in the queue's list (not taken into a worker's hands: rq's intermediate
+    # queue, where a worker killed at that moment leaves it).
+    return queue.get_job_position(jid) is not None

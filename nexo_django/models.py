@@ -164,6 +164,8 @@ class ToolCall(models.Model):
             models.Index(fields=["run", "status", "created_at"], name="nexo_call_run_status_created"),
             models.Index(fields=["status", "agent"], name="nexo_call_status_agent"),
             models.Index(fields=["status", "name"], name="nexo_call_status_name"),
+            # The reconciler's look at calls that changed lately (not at every suspended run).
+            models.Index(fields=["updated_at"], name="nexo_call_updated"),
         ]
         permissions = [("decide_toolcall", "Can approve or deny pending tool calls")]
 

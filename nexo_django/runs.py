@@ -14,7 +14,7 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -255,6 +255,11 @@ def _drive(
     except LeaseLost:
         log.warning("run %s: lease lost; another worker or a cancel took over", run_id)
         return "lease lost"
+    except DatabaseError:
+        # The database went away (a restart, a failover): nothing is wrong with the run, so it is
+        # not marked failed. Its lease expires and the reconciler takes it back.
+        log.warning("run %s: database error; the reconciler takes the run back", run_id, exc_info=True)
+        raise
     except Exception as exc:  # the run records why it failed; the worker stays healthy
         message = f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, (SecurityError, ConfigurationError, MaxTurnsExceeded, ModelError)):

@@ -148,3 +148,11 @@ class Tripper(Agent):
     model = CountingModel([[tool_call("glob", pattern="*"), tool_call("trip", label="t")], reply("Tripped.")])
     permissions = "approve"
     tools = [trip]
+
+
+class SlowSleeper(Agent):
+    """Scripted: one slow call (long enough to restart a database meanwhile), then an answer."""
+
+    model = ScriptedModel([tool_call("nap", seconds=4.0), reply("Rested.")])
+    permissions = "auto"
+    tools = [nap]

@@ -66,9 +66,10 @@ class RQWorkers:
             raise
         return self
 
-    def _spawn_one(self) -> None:
+    def _spawn_one(self, index: int | None = None) -> None:
         name = f"nexo-test-{uuid.uuid4().hex[:12]}"
-        log_path = self.log_dir / f"rqworker-{len(self._procs)}-{name}.log"
+        slot = len(self._procs) if index is None else index
+        log_path = self.log_dir / f"rqworker-{slot}-{name}.log"
         argv = [sys.executable, "-m", "django", "rqworker", *self.queues, "--name", name,
                 "--worker-class", self.worker_class]  # fmt: skip
         with log_path.open("ab") as log:
@@ -77,9 +78,19 @@ class RQWorkers:
                 env=self.env, cwd=self.cwd, start_new_session=True,
                 preexec_fn=die_with_parent(signal.SIGTERM),
             )  # fmt: skip
-        self.names.append(name)
-        self.log_paths.append(log_path)
-        self._procs.append(proc)
+        if index is None:
+            self.names.append(name)
+            self.log_paths.append(log_path)
+            self._procs.append(proc)
+        else:
+            self.names[index], self.log_paths[index], self._procs[index] = name, log_path, proc
+
+    def respawn(self, index: int) -> None:
+        """Start a new process in the place of worker ``index`` (once it is dead: ``kill`` it
+        first). It is not waited for: it registers in Redis once Django is set up."""
+        if self._procs[index].poll() is None:
+            raise RuntimeError(f"worker {index} is still running; kill it first")
+        self._spawn_one(index)
 
     def _wait_registered(self) -> None:
         import redis

@@ -261,7 +261,8 @@ def _traversable_by_others(path: Path) -> bool:
 
 
 class PostgresServer(_Server):
-    """A throwaway PostgreSQL cluster: trust auth, fsync off, one database created.
+    """A throwaway PostgreSQL cluster: trust auth, fsync off, one database created. ``restart()``
+    stops and starts it on the same port.
 
     ``url`` is ``postgres://postgres@127.0.0.1:PORT/DATABASE``; ``django_database()`` gives the
     matching ``DATABASES`` entry. ``fsync=True`` keeps PostgreSQL's durable defaults (``fsync``,
@@ -343,22 +344,46 @@ class PostgresServer(_Server):
         if done.returncode != 0:
             raise RuntimeError(f"initdb failed (exit {done.returncode}):\n{self.log_tail()}")
 
-    def _start_postmaster(self, bin_dir: Path) -> None:
+    def _postmaster(self, bin_dir: Path) -> bool:
         assert self.dir is not None and self.log_path is not None
+        offset = self.log_path.stat().st_size
+        argv = [
+            str(bin_dir / "postgres"), "-D", str(self.dir / "data"), "-p", str(self.port),
+            "-k", str(self.dir), "-c", f"listen_addresses={LOOPBACK}",
+        ]  # fmt: skip
+        if not self.fsync:
+            argv += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+        self._proc = self._spawn(argv, sig=signal.SIGINT, **self._as_server_user())
+        if self._wait_ready(bin_dir, offset):
+            return True
+        self._proc = None  # it exited because the port was taken meanwhile
+        return False
+
+    def _start_postmaster(self, bin_dir: Path) -> None:
         for _attempt in range(PORT_ATTEMPTS):
             self.port = free_port()
-            offset = self.log_path.stat().st_size
-            argv = [
-                str(bin_dir / "postgres"), "-D", str(self.dir / "data"), "-p", str(self.port),
-                "-k", str(self.dir), "-c", f"listen_addresses={LOOPBACK}",
-            ]  # fmt: skip
-            if not self.fsync:
-                argv += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
-            self._proc = self._spawn(argv, sig=signal.SIGINT, **self._as_server_user())
-            if self._wait_ready(bin_dir, offset):
+            if self._postmaster(bin_dir):
                 return
-            self._proc = None  # it exited because the port was taken meanwhile: try another
         raise RuntimeError(f"PostgreSQL could not bind a free port in {PORT_ATTEMPTS} attempts:\n{self.log_tail()}")
+
+    def halt(self, *, immediate: bool = False) -> None:
+        """Stop the server, keeping its data: fast shutdown (clients are disconnected), or
+        ``immediate``: as if it crashed (it recovers from the WAL when started again)."""
+        if self.dir is None:
+            raise RuntimeError("PostgresServer.halt() needs a started server")
+        if self._proc is not None:
+            _end_process(self._proc, (signal.SIGQUIT,) if immediate else self._stop_signals())
+            self._proc = None
+
+    def restart(self, *, immediate: bool = False) -> None:
+        """``halt()`` (unless halted already) and start again on the same port."""
+        self.halt(immediate=immediate)
+        bin_dir = find_pg_bin(self._bin_dir)
+        for _attempt in range(PORT_ATTEMPTS):
+            if self._postmaster(bin_dir):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"PostgreSQL could not bind port {self.port} again:\n{self.log_tail()}")
 
     def _wait_ready(self, bin_dir: Path, offset: int) -> bool:
         assert self._proc is not None

@@ -169,3 +169,62 @@ def test_heartbeat_keeps_a_slow_but_live_run_from_being_taken(settings: object) 
     assert report.requeued == [] and report.needs_attention == []
     run = AgentRun.objects.get()
     assert run.status == RunStatus.DONE and run.recoveries == 0
+
+
+def test_takeover_rechecks_the_lease_a_heartbeat_renewed_meanwhile(counter: Path) -> None:
+    from nexo_django.recovery import Report, _recover_expired
+
+    run = Looker.run("look")
+    die_while_executing(run)
+    stale = AgentRun.objects.get(pk=run.pk)  # what a reconciler read: the lease had expired
+    # ... and then the worker's heartbeat renewed it, before the takeover.
+    AgentRun.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() + timedelta(minutes=5))
+    report = Report()
+    _recover_expired(stale, timezone.now(), report)
+    assert str(report) == "requeued=0 needs_attention=0 failed=0 resent=0"
+    fresh = AgentRun.objects.get(pk=run.pk)
+    assert (fresh.status, fresh.lease_owner, fresh.recoveries) == (RunStatus.RUNNING, "dead-worker", 0)
+
+
+def test_recoveries_after_progress_do_not_count_towards_giving_up(counter: Path) -> None:
+    from nexo_django.models import RunEvent
+
+    run = Looker.run("look")
+    # Three recoveries so far, the last one when the transcript was shorter than it is now.
+    AgentRun.objects.filter(pk=run.pk).update(recoveries=3)
+    RunEvent.objects.create(run=run, type="recovered", data={"recoveries": 3, "messages": run.messages.count() - 1})
+    die_while_executing(run)
+    report = reconcile()
+    assert report.requeued == [str(run.pk)] and report.failed == []
+    run.refresh_from_db()
+    assert run.status == RunStatus.DONE
+    assert run.recoveries == 1  # counted from the progress on
+
+
+def test_recoveries_without_progress_still_give_up(counter: Path) -> None:
+    from nexo_django.models import RunEvent
+
+    run = Looker.run("look")
+    AgentRun.objects.filter(pk=run.pk).update(recoveries=3)
+    RunEvent.objects.create(run=run, type="recovered", data={"recoveries": 3, "messages": run.messages.count()})
+    die_while_executing(run)
+    report = reconcile()
+    assert report.failed == [str(run.pk)]
+    assert "gave up after 3 recoveries without progress" in AgentRun.objects.get(pk=run.pk).error
+
+
+def test_a_round_looks_only_at_suspended_runs_with_a_recent_change(counter: Path) -> None:
+    run = Bumper.run("bump")
+    call = run.pending_calls()[0]
+    # Decided by hand long ago, and the wake-up lost: a round leaves it; a full round finds it.
+    Decision.objects.create(tool_call=call, verdict="approved", digest=call.digest)
+    ToolCall.objects.filter(run=run).update(status=CallStatus.APPROVED, updated_at=timezone.now() - timedelta(days=2))
+    assert reconcile().requeued == []
+    assert reconcile(full=True).requeued == [str(run.pk)]
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.DONE
+    assert count(counter) == ["one"]
+
+
+def test_reconcile_command_full(capsys: pytest.CaptureFixture[str]) -> None:
+    call_command("nexo_reconcile", "--full")
+    assert "requeued=0" in capsys.readouterr().out

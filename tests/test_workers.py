@@ -213,3 +213,33 @@ def test_killed_during_an_idempotent_call_never_asks_the_model_twice(
     # One model request per assistant turn; the idempotent call ran again after the crash.
     assert count(counter) == ["model", "trip:t", "trip:t", "model"]
     assert sum(1 for m in run.transcript() if m["role"] == "assistant") == 2
+
+
+@pytest.mark.parametrize("worker_class", ["rq.worker.Worker", "rq.worker.SimpleWorker"])
+def test_job_taken_by_a_worker_killed_before_the_claim_is_sent_again(
+    rq_worker: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, worker_class: str
+) -> None:
+    from rq.job import Job
+
+    from nexo_django import dispatch
+
+    # The first job dies as soon as a worker starts it: the run is still queued, and its job
+    # stays "started" (SimpleWorker: the worker died with it) or "failed" (Worker: the parent
+    # saw its work horse die). Neither will ever claim the run.
+    monkeypatch.setenv("NEXO_TEST_CRASH_AT", "job_started")
+    monkeypatch.setenv("NEXO_TEST_CRASH_ONCE", str(tmp_path / "crashed-once"))
+    workers = rq_worker(2, worker_class=worker_class)
+    run = Scribe.run_later("Write 'hi'", cwd=tmp_path)
+    wait_until(lambda: (tmp_path / "crashed-once").exists(), timeout=WAIT, what="the crash")
+    job = Job.fetch(dispatch.job_id(run.pk, run.generation), connection=dispatch.get_queue().connection)
+    wait_until(lambda: job.get_status(refresh=True) in ("started", "failed"), timeout=WAIT, what="the job to be taken")
+    time.sleep(0.5)
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.QUEUED
+    report = reconcile(stale_after=0)
+    # SimpleWorker: the job stays "started" and is sent again; Worker: the job "failed" (its work
+    # horse died), which counts as a recovery. Either way a new job id, and the run goes on.
+    expected = "resent" if worker_class.endswith("SimpleWorker") else "requeued"
+    assert getattr(report, expected) == [str(run.pk)]
+    run = wait_status(run, RunStatus.SUSPENDED)
+    assert run.generation == 2
+    assert workers.alive().count(True) >= 1
