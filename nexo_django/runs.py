@@ -273,7 +273,8 @@ def _drive(
         elif AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
             status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()
         ):  # the agent could not be rebuilt: nothing was claimed yet
-            _status_changed(run_id, RunStatus.QUEUED, RunStatus.RUNNING)
+            _status_changed(run_id, RunStatus.QUEUED, RunStatus.FAILED)
+            return "failed"
         else:
             return "skipped"
         _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
@@ -288,7 +289,7 @@ def _drive(
         return "lease lost"
     _status_changed(run_id, RunStatus.RUNNING, new)
     if new == RunStatus.SUSPENDED:
-        new_pending: list[ToolCall] = getattr(journal, "new_pending", [])
+        new_pending = journal.new_pending
         transaction.on_commit(lambda: _send_requested(new_pending, run))
     else:
         _LIVE_OPTIONS.pop(str(run_id), None)

@@ -327,6 +327,23 @@ def test_a_queued_run_whose_agent_cannot_be_rebuilt_fails_with_the_reason() -> N
     assert execute_run(str(run.pk)) == "skipped"
 
 
+def test_a_queued_run_that_cannot_be_rebuilt_reports_queued_to_failed() -> None:
+    from nexo_django.runs import execute_run
+
+    seen: list[str] = []
+
+    def on_status(sender: object, run: AgentRun, old: str, new: str, **kw: object) -> None:
+        seen.append(f"{old}>{new}")
+
+    run = AgentRun.objects.create(agent="tests.no_such_module.Agent", prompt="x", status=RunStatus.QUEUED)
+    run_status_changed.connect(on_status)
+    try:
+        assert execute_run(str(run.pk)) == "failed"
+    finally:
+        run_status_changed.disconnect(on_status)
+    assert seen == ["queued>failed"]  # it was never running: nothing claimed it
+
+
 def test_scripted_idempotent_gated_call(counter: Path) -> None:
     run = Looker.run("look")
     assert run.status == RunStatus.SUSPENDED
