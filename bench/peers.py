@@ -37,6 +37,7 @@ import json
 import os
 import sqlite3
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -112,7 +113,7 @@ class StateStore:
         return row[0]
 
 
-class Peer:
+class Peer(ABC):
     name = ""
     dist = ""
     store = ""
@@ -126,11 +127,13 @@ class Peer:
     def version(self) -> str:
         return version_of(self.dist)
 
+    @abstractmethod
     def cycle(self, i: int) -> None:
-        raise NotImplementedError
+        """One approval cycle, from start to the final state committed."""
 
+    @abstractmethod
     def commits(self) -> int:
-        raise NotImplementedError
+        """COMMITs run on the peer's store so far."""
 
     def check(self, i: int, final: str) -> None:
         if final != "Done.":

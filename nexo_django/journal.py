@@ -184,6 +184,9 @@ class DbJournal(Journal):
             self.emit("created", {"agent": run.agent, "later": False})
         #: the last model reply is only buffered: it must be saved before any of its calls runs
         self._reply_unsaved = False
+        #: what :meth:`suspend` prepares for :meth:`close`: rows to pend again, and new pending rows
+        self._reset: list[int] = []
+        self.new_pending: list[ToolCall] = []
         open_ids = [c["id"] for c in open_calls(messages)]
         self.calls: dict[str, ToolCall] = {c.tool_call_id: c for c in sql.calls_with_decisions(run.pk, open_ids)}
 
@@ -343,8 +346,8 @@ class DbJournal(Journal):
     def suspend(self, pending: list[PendingCall]) -> None:
         """Prepare the pending rows; :meth:`close` writes them in the same transaction that marks
         the run suspended, so no decision can land while the run still says running."""
-        self._reset: list[int] = []
-        self.new_pending: list[ToolCall] = []
+        self._reset = []
+        self.new_pending = []
         for p in pending:
             row = self.calls.get(p.id)
             if row is not None:
@@ -363,9 +366,9 @@ class DbJournal(Journal):
             )
 
     def _write_pending(self) -> None:
-        if getattr(self, "_reset", None):
+        if self._reset:
             ToolCall.objects.filter(pk__in=self._reset).update(status=CallStatus.PENDING_APPROVAL)
-        if getattr(self, "new_pending", None):
+        if self.new_pending:
             sql.bulk_create(self.new_pending)
 
     # --- the end of a drive ----------------------------------------------------------------------

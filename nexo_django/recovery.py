@@ -148,7 +148,7 @@ def _wake_forgotten(since: datetime | None, report: Report) -> None:
     for batch in batches:
         for run in batch:
             with transaction.atomic():
-                if wake(run, RunStatus.SUSPENDED, ~Exists(pending)):
+                if wake(run, RunStatus.SUSPENDED, unless_pending=True):
                     report.requeued.append(str(run.pk))
 
 
