@@ -8,7 +8,8 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import models
+from django.db import models, router
+from django.db.models.query import MAX_GET_RESULTS
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -97,7 +98,12 @@ class AgentRun(models.Model):
         return self.status in TERMINAL_RUN_STATUSES
 
     def pending_calls(self) -> QuerySet[ToolCall]:
-        return self.tool_calls.filter(status=CallStatus.PENDING_APPROVAL).order_by("created_at", "id")
+        """The run's calls waiting for a decision, oldest first: a queryset like
+        ``self.tool_calls.filter(status=...)`` (``ToolCall``'s ordering is ``created_at, id``)."""
+        return ToolCall.objects.pending_of(self)
+
+    def refresh_from_db(self, using: str | None = None, fields: Any = None, from_queryset: Any = None) -> None:
+        _refresh(self, using, fields, from_queryset)
 
     def transcript(self) -> list[dict[str, Any]]:
         return [m.data for m in self.messages.order_by("seq")]
@@ -137,6 +143,74 @@ class RunMessage(models.Model):
         return f"{self.role} #{self.seq}"
 
 
+def _refresh(obj: models.Model, using: str | None, fields: Any, from_queryset: Any) -> None:
+    """``refresh_from_db()``: with no arguments and nothing deferred, one prepared SELECT of every
+    field (:func:`nexo_django.sql.refresh`: what the ORM does, without building the query);
+    anything else is the ORM's own."""
+    if using is None and fields is None and from_queryset is None and not obj.get_deferred_fields():
+        from . import sql
+
+        sql.refresh(obj, router.db_for_read(type(obj), instance=obj))
+    else:
+        models.Model.refresh_from_db(obj, using, fields, from_queryset)
+
+
+class ToolCallQuerySet(models.QuerySet["ToolCall"]):
+    """``ToolCall.objects``. :meth:`pending_of` gives a run's pending calls; while that queryset is
+    unchanged (any ``filter``, ``order_by``, ``values`` ... makes a new queryset without this fast
+    path), ``get()`` and iterating it read the rows with one prepared statement instead of
+    building the query: the ``pending_calls().get()`` of every approval."""
+
+    #: the run whose pending calls this (unchanged) queryset holds
+    _pending_of: AgentRun | None = None
+
+    def _pending_rows(self, limit: int | None) -> list[ToolCall]:
+        from . import sql
+
+        run = self._pending_of
+        assert run is not None
+        rows = sql.select(
+            ToolCall, order_by=("created_at", "id"), limit=limit, alias=self.db,
+            run=run.pk, status=CallStatus.PENDING_APPROVAL,
+        )  # fmt: skip
+        relation = ToolCall._meta.get_field("run")
+        for row in rows:
+            relation.set_cached_value(row, run)
+        return rows
+
+    def _fetch_all(self) -> None:
+        if self._result_cache is None and self._pending_of is not None:
+            self._result_cache = self._pending_rows(None)  # type: ignore[assignment]
+        super()._fetch_all()
+
+    def get(self, *args: Any, **kwargs: Any) -> ToolCall:  # type: ignore[override]
+        if self._pending_of is None or args or kwargs:
+            return super().get(*args, **kwargs)
+        rows = self._pending_rows(MAX_GET_RESULTS)
+        if not rows:
+            raise ToolCall.DoesNotExist("ToolCall matching query does not exist.")
+        if len(rows) > 1:
+            raise ToolCall.MultipleObjectsReturned(
+                "get() returned more than one ToolCall -- it returned "
+                f"{'more than %s' % (MAX_GET_RESULTS - 1) if len(rows) == MAX_GET_RESULTS else len(rows)}!"
+            )
+        return rows[0]
+
+
+class ToolCallManager(models.Manager.from_queryset(ToolCallQuerySet)):  # type: ignore[misc]
+    def pending_of(self, run: AgentRun) -> ToolCallQuerySet:
+        """``self.filter(run=run, status="pending_approval")``, with the fast path of
+        :class:`ToolCallQuerySet`."""
+        if run.pk is None:
+            raise ValueError(f"{run!r} needs to have a value for field 'id' before its pending calls can be read.")
+        qs: ToolCallQuerySet = self.get_queryset()
+        qs._defer_next_filter = True  # type: ignore[attr-defined] # the ORM's query is built only if something needs it
+        qs = qs.filter(run=run, status=CallStatus.PENDING_APPROVAL)
+        qs._known_related_objects = {ToolCall._meta.get_field("run"): {run.pk: run}}  # type: ignore[attr-defined]
+        qs._pending_of = run
+        return qs
+
+
 class ToolCall(models.Model):
     """A call that needed a decision or has a side effect, with its status and result."""
 
@@ -153,6 +227,8 @@ class ToolCall(models.Model):
     result = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ToolCallManager()
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -171,6 +247,9 @@ class ToolCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"
+
+    def refresh_from_db(self, using: str | None = None, fields: Any = None, from_queryset: Any = None) -> None:
+        _refresh(self, using, fields, from_queryset)
 
     def approve(
         self, *, by: Any = None, note: str = "", args: dict[str, Any] | None = None,

@@ -239,36 +239,62 @@ def _columns(conn: BaseDatabaseWrapper, model: type[Model]) -> str:
     return ", ".join(_column(conn, model, f) for f in model._meta.concrete_fields)
 
 
-def get[M: Model](model: type[M], *, for_update: bool = False, **where: Any) -> M | None:
-    """``Model.objects.filter(**where).first()`` (equality only, at most one row expected), or
-    with ``for_update`` as ``select_for_update()`` (nothing added where the backend has no
-    ``FOR UPDATE``, as in the ORM)."""
-    alias, conn = _db(model, write=for_update)
-    key = (conn.vendor, "get", model, tuple(where), for_update)
+def select[M: Model](
+    model: type[M], *, order_by: Sequence[str] = (), limit: int | None = None, alias: str | None = None,
+    for_update: bool = False, **where: Any,
+) -> list[M]:
+    """``list(Model.objects.using(alias).filter(**where).order_by(*order_by)[:limit])``
+    (equality only; ascending order), or with ``for_update`` as ``select_for_update()`` (nothing
+    added where the backend has no ``FOR UPDATE``, as in the ORM). ``alias`` defaults to the
+    router's database for the model."""
+    if alias is None:
+        alias, conn = _db(model, write=for_update)
+    else:
+        conn = connections[alias]
+    key = (conn.vendor, "select", model, tuple(where), tuple(order_by), limit is not None, for_update)
     built = _statements.get(key)
     if built is None:
         condition, fields = _where(conn, model, where)
         sql = f"SELECT {_columns(conn, model)} FROM {_table(conn, model)} WHERE {condition}"
+        if order_by:
+            sql += " ORDER BY " + ", ".join(_column(conn, model, _field(model, name)) for name in order_by)
+        if limit is not None:
+            sql += " LIMIT %s"
         if for_update and conn.features.has_select_for_update:
             sql += " FOR UPDATE"
         built = _statements[key] = (sql, fields)
     sql, fields = built
-    rows = _execute(conn, sql, _lookup_params(conn, fields, where.values()), fetch=True)
-    if not rows:
-        return None
-    return model.from_db(alias, None, _convert(conn, _reader(conn, model), rows[0]))  # type: ignore[arg-type]
+    params = _lookup_params(conn, fields, where.values())
+    if limit is not None:
+        params.append(int(limit))
+    rows = _execute(conn, sql, params, fetch=True)
+    reader = _reader(conn, model)
+    return [model.from_db(alias, None, _convert(conn, reader, row)) for row in rows]  # type: ignore[arg-type]
 
 
-def refresh(obj: Model) -> None:
-    """``obj.refresh_from_db()``: every field read again, cached related objects dropped."""
+def get[M: Model](model: type[M], *, for_update: bool = False, alias: str | None = None, **where: Any) -> M | None:
+    """``Model.objects.filter(**where).first()`` (equality only, at most one row expected), or
+    with ``for_update`` as ``select_for_update()``."""
+    rows = select(model, for_update=for_update, alias=alias, **where)
+    return rows[0] if rows else None
+
+
+def refresh(obj: Model, alias: str | None = None) -> None:
+    """``obj.refresh_from_db()``: every field read again, cached related objects dropped (the
+    forward ones and the reverse one-to-one ones), the prefetched ones too."""
     model = type(obj)
-    fresh = get(model, **{_pk(model).name: obj.pk})
+    fresh = get(model, alias=alias, **{_pk(model).name: obj.pk})
     if fresh is None:
-        raise model.DoesNotExist(f"{model.__name__} {obj.pk} does not exist")  # type: ignore[attr-defined]
+        raise model.DoesNotExist(f"{model.__name__} matching query does not exist.")  # type: ignore[attr-defined]
+    if hasattr(obj, "_prefetched_objects_cache"):
+        obj._prefetched_objects_cache = {}
     for field in model._meta.concrete_fields:
         setattr(obj, field.attname, getattr(fresh, field.attname))
         if field.is_relation and field.is_cached(obj):  # type: ignore[attr-defined]
             field.delete_cached_value(obj)  # type: ignore[attr-defined]
+    for relation in model._meta.related_objects:
+        if relation.is_cached(obj):
+            relation.delete_cached_value(obj)
     obj._state.db = fresh._state.db
 
 

@@ -250,3 +250,99 @@ def test_a_failed_statement_marks_the_atomic_block_for_rollback() -> None:
             sql.insert(RunMessage, ("run_id", "seq", "role", "data", "created_at"), rows)
         assert transaction.get_connection().needs_rollback  # the block ends in a rollback
     assert RunMessage.objects.filter(run=run).count() == 1
+
+
+# --- the fast paths of the reads every approval makes ---------------------------------------------
+
+
+def pending_run(n: int) -> tuple[AgentRun, list[ToolCall]]:
+    run = a_run(status=RunStatus.SUSPENDED)
+    run.save(force_insert=True)
+    calls = []
+    for i in range(n):
+        calls.append(ToolCall.objects.create(
+            run=run, tool_call_id=f"c{i}", name="write", capability="write", args={"i": i, **AWKWARD_JSON},
+            digest="d" * 64, status=CallStatus.PENDING_APPROVAL,
+        ))
+    # Noise the fast path must not return: another run's pending call, and a decided call.
+    other = a_run(status=RunStatus.SUSPENDED)
+    other.save(force_insert=True)
+    ToolCall.objects.create(run=other, tool_call_id="c0", name="write", capability="write", args={},
+                            digest="e" * 64, status=CallStatus.PENDING_APPROVAL)
+    ToolCall.objects.create(run=run, tool_call_id="done", name="read", capability="read", args={},
+                            digest="f" * 64, status=CallStatus.SUCCEEDED)
+    return run, calls
+
+
+def orm_pending(run: AgentRun) -> list[ToolCall]:
+    return list(ToolCall.objects.filter(run=run, status=CallStatus.PENDING_APPROVAL).order_by("created_at", "id"))
+
+
+def test_pending_calls_get_is_one_statement_and_reads_what_the_orm_reads() -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    run, _ = pending_run(1)
+    with CaptureQueriesContext(connection) as queries:
+        call = run.pending_calls().get()
+        assert call.run is run  # the run is known: no query for it
+    assert len(queries) == 1
+    assert fields(call) == fields(orm_pending(run)[0])
+    assert not call._state.adding and call._state.db == "default"
+
+
+def test_pending_calls_get_raises_what_the_orm_raises() -> None:
+    run, _ = pending_run(0)
+    with pytest.raises(ToolCall.DoesNotExist, match="matching query does not exist"):
+        run.pending_calls().get()
+    run, _ = pending_run(2)
+    with pytest.raises(ToolCall.MultipleObjectsReturned, match="it returned 2!"):
+        run.pending_calls().get()
+    run, _ = pending_run(22)
+    with pytest.raises(ToolCall.MultipleObjectsReturned, match="more than 20"):
+        run.pending_calls().get()
+    with pytest.raises(ValueError, match="needs to have a value"):
+        AgentRun(pk=None).pending_calls()
+
+
+def test_pending_calls_iterated_or_changed_are_the_orms() -> None:
+    run, calls = pending_run(3)
+    listed = list(run.pending_calls())
+    assert [fields(c) for c in listed] == [fields(c) for c in orm_pending(run)]
+    assert [c.pk for c in listed] == [c.pk for c in calls]
+    # Anything chained is a new queryset, built by the ORM, with the run's filter in it.
+    assert run.pending_calls().filter(tool_call_id="c1").get().pk == calls[1].pk
+    assert run.pending_calls().get(tool_call_id="c2").pk == calls[2].pk
+    assert list(run.pending_calls().order_by("-id").values_list("tool_call_id", flat=True)) == ["c2", "c1", "c0"]
+    assert run.pending_calls().count() == 3 and run.pending_calls().exists()
+    assert run.pending_calls().first().pk == calls[0].pk  # type: ignore[union-attr]
+    ToolCall.objects.filter(pk=calls[0].pk).update(status=CallStatus.APPROVED)
+    assert [c.pk for c in run.pending_calls()] == [c.pk for c in calls[1:]]
+    assert "run_id" in str(run.pending_calls().query) and run.pk.hex in str(run.pending_calls().query).replace("-", "")
+
+
+def test_refresh_from_db_fast_path_and_the_orms_agree() -> None:
+    run, calls = pending_run(1)
+    stale_fast, stale_orm = AgentRun.objects.get(pk=run.pk), AgentRun.objects.get(pk=run.pk)
+    for stale in (stale_fast, stale_orm):
+        assert stale.created_by is not None  # cached now
+        list(stale.tool_calls.all())
+    AgentRun.objects.filter(pk=run.pk).update(created_by=None, status=RunStatus.DONE, finished_at=WHEN, result="ok")
+    stale_fast.refresh_from_db()
+    models_refresh = Model.refresh_from_db
+    models_refresh(stale_orm)
+    assert fields(stale_fast) == fields(stale_orm)
+    assert stale_fast.created_by is None and stale_fast.status == RunStatus.DONE
+    # Only the ORM's arguments take the ORM's path, and keep their meaning.
+    AgentRun.objects.filter(pk=run.pk).update(result="again", error="e")
+    stale_fast.refresh_from_db(fields=["result"])
+    assert (stale_fast.result, stale_fast.error) == ("again", "")
+    deferred = AgentRun.objects.only("id", "status").get(pk=run.pk)
+    deferred.refresh_from_db()
+    assert deferred.get_deferred_fields() == {f.attname for f in AgentRun._meta.concrete_fields} - {"id", "status"}
+    call = calls[0]
+    ToolCall.objects.filter(pk=call.pk).update(status=CallStatus.SUCCEEDED, result={"ok": "ü"})
+    call.refresh_from_db()
+    assert (call.status, call.result) == (CallStatus.SUCCEEDED, {"ok": "ü"})
+    AgentRun.objects.filter(pk=run.pk).delete()
+    with pytest.raises(AgentRun.DoesNotExist):
+        stale_fast.refresh_from_db()
