@@ -215,15 +215,22 @@ class DbJournal(Journal):
     def _first_write(self, **fields: Any) -> bool:
         """Claim or store the run in the first commit (see ``start``); False: not ours."""
         if self._start == "insert":
-            for name, value in fields.items():
-                setattr(self.run, name, value)
+            self._mirror(fields)
             sql.create(self.run)
-        elif not sql.update(AgentRun, {"id": self.run.pk, "status": RunStatus.QUEUED}, fields):
+        elif sql.update(AgentRun, {"id": self.run.pk, "status": RunStatus.QUEUED}, fields):
+            self._mirror(fields)
+        else:
             return False
         self._start = "held"
         if self._started is not None:
             self._started()
         return True
+
+    def _mirror(self, fields: dict[str, Any]) -> None:
+        """Keep ``self.run`` what its row holds: the values this journal just wrote to it (a caller
+        of ``run()`` gets a current object without reading it back)."""
+        for name, value in fields.items():
+            setattr(self.run, name, value)
 
     def _held(self) -> dict[str, Any]:
         """The lease fence: the compare-and-set every write of a held run goes through."""
@@ -234,7 +241,8 @@ class DbJournal(Journal):
             claim = {"status": RunStatus.RUNNING, "lease_owner": self.token, "updated_at": now}
             if self._first_write(lease_expires_at=now + self.lease, **claim, **fields):
                 return
-        elif sql.update(AgentRun, self._held(), {"lease_expires_at": now + self.lease, **fields}):
+        elif sql.update(AgentRun, self._held(), values := {"lease_expires_at": now + self.lease, **fields}):
+            self._mirror(values)
             return
         raise LeaseLost(f"run {self.run.pk} is no longer held by this worker")
 
@@ -392,8 +400,8 @@ class DbJournal(Journal):
         with transaction.atomic():
             if self._start != "held":
                 updated = int(self._first_write(**values))
-            else:
-                updated = sql.update(AgentRun, self._held(), values)
+            elif updated := sql.update(AgentRun, self._held(), values):
+                self._mirror(values)
             if updated:
                 self._write_buffers(now)
                 if status == RunStatus.SUSPENDED:

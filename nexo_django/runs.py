@@ -185,8 +185,8 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
         # Stored by the first commit of its journal (at the latest: suspended or done), so a
         # run that stops for a person costs one write transaction to start. Should this process
         # die before that, no run exists: the caller never got one either.
-        _drive(run, uuid.uuid4().hex, agent, messages, start="insert")
-        sql.refresh(run)
+        if _drive(run, uuid.uuid4().hex, agent, messages, start="insert") == "lease lost":
+            sql.refresh(run)  # someone else changed it (a cancel); otherwise the journal kept it current
         return run
     with transaction.atomic():
         run.save(force_insert=True)
@@ -266,7 +266,8 @@ def _drive(
             log.exception("run %s failed", run_id)
         if journal is not None:
             journal.emit("failed", {"error": message})
-            journal.close(RunStatus.FAILED, error=message)
+            if not journal.close(RunStatus.FAILED, error=message):
+                return "lease lost"
         elif start == "insert":
             run.status, run.error, run.lease_owner, run.finished_at = RunStatus.FAILED, message, None, timezone.now()
             run.save(force_insert=True)

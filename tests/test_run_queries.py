@@ -83,10 +83,10 @@ def test_scripted_approval_cycle_runs_prepared_statements_only() -> None:
     prepared = {statement for statement, _ in sql._statements.values()}
     ran = [q["sql"] for q in start.captured_queries + cycle.captured_queries]
     work = [s for s in ran if s.split(None, 1)[0].upper() not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")]
-    # start: the run, its messages, events and pending call, and the run read back; decision: the
-    # run (locked), the call, the decision, its event, the wake-up; resume: the run, messages and
-    # calls read, then three transactions of three statements each.
-    assert len(work) == 5 + 5 + 3 + 9
+    # start: the run, its messages, events and pending call (the run object is kept current, not
+    # read back); decision: the run (locked), the call, the decision, its event, the wake-up;
+    # resume: the run, messages and calls read, then three transactions of three statements each.
+    assert len(work) == 4 + 5 + 3 + 9
     unprepared = [s for s in work if not any(_same(s, p) for p in prepared)]
     assert unprepared == []
 

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
+from nexo_django import Agent
 from nexo_django.errors import (
     AlreadyDecided,
     ConfigurationError,
@@ -400,3 +403,31 @@ def test_wake_checks_pending_calls_with_and_without_further_conditions(tmp_path:
     assert wake(run, RunStatus.SUSPENDED, Q(agent=run.agent))
     run.refresh_from_db()
     assert (run.status, run.generation, run.pending_calls().count()) == (RunStatus.SUSPENDED, 2, 1)
+
+
+class AutoWriter(Agent):
+    """Scripted: an ungated write in the virtual sandbox, then an answer (done in one run())."""
+
+    model = ScriptedModel([tool_call("write", path="a.txt", content="A"), reply("Written.")])
+    sandbox = "virtual"
+    permissions = "auto"
+
+
+class OutOfScript(Agent):
+    """Scripted with nothing to say: the run fails."""
+
+    model = ScriptedModel([])
+    sandbox = "virtual"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("agent", [ThreeTurns, AutoWriter, OutOfScript], ids=lambda a: a.__name__)
+def test_the_run_object_run_returns_is_its_row_without_reading_it_back(agent: type[Agent]) -> None:
+    with CaptureQueriesContext(connection) as queries:
+        run = agent.run("go")
+    assert run.status in (RunStatus.SUSPENDED, RunStatus.DONE, RunStatus.FAILED)
+    assert not [q for q in queries.captured_queries if q["sql"].startswith("SELECT") and "agentrun" in q["sql"]]
+    stored = AgentRun.objects.get(pk=run.pk)
+    fields = [f.attname for f in AgentRun._meta.concrete_fields]
+    assert {f: getattr(run, f) for f in fields} == {f: getattr(stored, f) for f in fields}
+    assert not run._state.adding and run._state.db == "default"
