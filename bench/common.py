@@ -222,7 +222,8 @@ def counting() -> Iterator[Counts]:
         verb = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else ""
         if verb in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE", "ROLLBACK"):  # bookkeeping, not work
             return execute(sql, params, many, context)
-        is_write = verb in WRITE_VERBS
+        # A WITH statement writes if one of its parts does (nexo_django.sql.Batch on PostgreSQL).
+        is_write = verb in WRITE_VERBS or (verb == "WITH" and any(f"AS ({v} " in sql for v in WRITE_VERBS))
         counts.queries += 1
         counts.writes += is_write
         if connection.in_atomic_block:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from . import sql
@@ -212,19 +212,47 @@ class DbJournal(Journal):
         super().emit(type, data)
         self._events.append((type, capped(data, self.event_limit)))
 
-    def _first_write(self, **fields: Any) -> bool:
-        """Claim or store the run in the first commit (see ``start``); False: not ours."""
+    def _fenced(self, now: datetime, **fields: Any) -> tuple[sql.Batch, dict[str, Any]]:
+        """A batch of this worker's next commit: its gate, then what is buffered. On a held run
+        the gate is the lease fence; the first commit claims the queued run or stores the new one
+        (see ``start``). The run's values to write come back with it."""
+        values = {"lease_expires_at": now + self.lease, **fields}
+        if self._start != "held":
+            values = {"status": RunStatus.RUNNING, "lease_owner": self.token, "updated_at": now, **values}
+        return self._batch(now, values), values
+
+    def _batch(self, now: datetime, values: dict[str, Any]) -> sql.Batch:
+        batch = sql.Batch()
         if self._start == "insert":
-            self._mirror(fields)
-            sql.create(self.run)
-        elif sql.update(AgentRun, {"id": self.run.pk, "status": RunStatus.QUEUED}, fields):
-            self._mirror(fields)
+            self._mirror(values)
+            batch.gate_create(self.run)
+        elif self._start == "claim":
+            batch.gate(AgentRun, {"id": self.run.pk, "status": RunStatus.QUEUED}, values)
         else:
+            batch.gate(AgentRun, self._held(), values)
+        run_id = self.run.pk
+        if self._messages:
+            batch.insert(RunMessage, MESSAGE_COLUMNS, [(run_id, *m, now) for m in self._messages])
+        if self._events:
+            batch.insert(RunEvent, EVENT_COLUMNS, [(run_id, *e, now) for e in self._events])
+        return batch
+
+    def _write(self, batch: sql.Batch, values: dict[str, Any]) -> bool:
+        """Commit ``batch``; False if its gate did not match (nothing written: not ours)."""
+        if not batch.run():
             return False
-        self._start = "held"
-        if self._started is not None:
-            self._started()
+        if self._start != "insert":  # an inserted run was given its values before (auto_now too)
+            self._mirror(values)
+        self._messages, self._events, self._reply_unsaved = [], [], False
+        if self._start != "held":
+            self._start = "held"
+            if self._started is not None:
+                self._started()
         return True
+
+    def _commit(self, batch: sql.Batch, values: dict[str, Any]) -> None:
+        if not self._write(batch, values):
+            raise LeaseLost(f"run {self.run.pk} is no longer held by this worker")
 
     def _mirror(self, fields: dict[str, Any]) -> None:
         """Keep ``self.run`` what its row holds: the values this journal just wrote to it (a caller
@@ -236,31 +264,8 @@ class DbJournal(Journal):
         """The lease fence: the compare-and-set every write of a held run goes through."""
         return {"id": self.run.pk, "lease_owner": self.token, "status": RunStatus.RUNNING}
 
-    def _fence(self, now: datetime, **fields: Any) -> None:
-        if self._start != "held":
-            claim = {"status": RunStatus.RUNNING, "lease_owner": self.token, "updated_at": now}
-            if self._first_write(lease_expires_at=now + self.lease, **claim, **fields):
-                return
-        elif sql.update(AgentRun, self._held(), values := {"lease_expires_at": now + self.lease, **fields}):
-            self._mirror(values)
-            return
-        raise LeaseLost(f"run {self.run.pk} is no longer held by this worker")
-
-    def _write_buffers(self, now: datetime) -> None:
-        run_id = self.run.pk
-        if self._messages:
-            sql.insert(RunMessage, MESSAGE_COLUMNS, [(run_id, *m, now) for m in self._messages])
-            self._messages = []
-            self._reply_unsaved = False
-        if self._events:
-            sql.insert(RunEvent, EVENT_COLUMNS, [(run_id, *e, now) for e in self._events])
-            self._events = []
-
     def flush(self) -> None:
-        now = timezone.now()
-        with transaction.atomic():
-            self._fence(now)
-            self._write_buffers(now)
+        self._commit(*self._fenced(timezone.now()))
 
     # --- calls -------------------------------------------------------------------------------
 
@@ -305,18 +310,18 @@ class DbJournal(Journal):
             return
         crash_point("before_tool")
         now = timezone.now()
-        with transaction.atomic():
-            self._fence(now)
-            self._write_buffers(now)
-            if row is None:
-                row = sql.create(ToolCall(
-                    run_id=self.run.pk, agent=self.run.agent, tool_call_id=call["id"], name=call["name"],
-                    capability=tool.capability, args=args, digest=args_digest(args),
-                    status=CallStatus.EXECUTING, idempotent=tool.idempotent,
-                ))
-                self.calls[call["id"]] = row
-            else:
-                sql.update(ToolCall, {"id": row.pk}, {"status": CallStatus.EXECUTING, "updated_at": now})
+        batch, values = self._fenced(now)
+        if row is None:
+            row = ToolCall(
+                run_id=self.run.pk, agent=self.run.agent, tool_call_id=call["id"], name=call["name"],
+                capability=tool.capability, args=args, digest=args_digest(args),
+                status=CallStatus.EXECUTING, idempotent=tool.idempotent,
+            )
+            batch.create([row])
+        else:
+            batch.update(ToolCall, {"id": row.pk}, {"status": CallStatus.EXECUTING, "updated_at": now})
+        self._commit(batch, values)
+        self.calls[call["id"]] = row
         crash_point("executing")
 
     def call_finished(self, call: dict[str, Any], tool: Tool | None, result: dict[str, Any]) -> None:
@@ -332,16 +337,15 @@ class DbJournal(Journal):
         workspace = self.agent.workspace
         saved = {"workspace": workspace.spec()} if workspace.kind == "virtual" and tool and not tool.idempotent else {}
         now = timezone.now()
-        with transaction.atomic():
-            self._fence(now, **saved)
-            self._write_buffers(now)
-            if row is not None and row.status not in (CallStatus.DENIED, CallStatus.EXPIRED):
-                status = CallStatus.FAILED if "error" in result else CallStatus.SUCCEEDED
-                sql.update(ToolCall, {"id": row.pk}, {
-                    "status": status, "result": capped(result, self.event_limit), "updated_at": now,
-                })
-            elif row is not None:
-                sql.update(ToolCall, {"id": row.pk}, {"result": result, "updated_at": now})
+        batch, values = self._fenced(now, **saved)
+        if row is not None and row.status not in (CallStatus.DENIED, CallStatus.EXPIRED):
+            status = CallStatus.FAILED if "error" in result else CallStatus.SUCCEEDED
+            batch.update(ToolCall, {"id": row.pk}, {
+                "status": status, "result": capped(result, self.event_limit), "updated_at": now,
+            })
+        elif row is not None:
+            batch.update(ToolCall, {"id": row.pk}, {"result": result, "updated_at": now})
+        self._commit(batch, values)
         crash_point("after_result")
 
     def call_failed(self, call: dict[str, Any], tool: Tool, exc: BaseException) -> None:
@@ -373,12 +377,6 @@ class DbJournal(Journal):
                 )
             )
 
-    def _write_pending(self) -> None:
-        if self._reset:
-            ToolCall.objects.filter(pk__in=self._reset).update(status=CallStatus.PENDING_APPROVAL)
-        if self.new_pending:
-            sql.bulk_create(self.new_pending)
-
     # --- the end of a drive ----------------------------------------------------------------------
 
     def close(self, status: str, **fields: Any) -> bool:
@@ -397,13 +395,10 @@ class DbJournal(Journal):
             values["workspace"] = workspace.spec()
         if status in (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED):
             values["finished_at"] = now
-        with transaction.atomic():
-            if self._start != "held":
-                updated = int(self._first_write(**values))
-            elif updated := sql.update(AgentRun, self._held(), values):
-                self._mirror(values)
-            if updated:
-                self._write_buffers(now)
-                if status == RunStatus.SUSPENDED:
-                    self._write_pending()
-        return bool(updated)
+        batch = self._batch(now, values)
+        if status == RunStatus.SUSPENDED:
+            reset = self._reset
+            if reset:  # rare: rows set back by hand
+                batch.call(lambda: ToolCall.objects.filter(pk__in=reset).update(status=CallStatus.PENDING_APPROVAL))
+            batch.create(self.new_pending)
+        return self._write(batch, values)

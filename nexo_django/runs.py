@@ -347,15 +347,39 @@ def decide(
         if args is not None:
             check_edited_args(run, call, args)
         verdict = Verdict.APPROVED if approved else Verdict.DENIED
-        # The compare-and-set is the check: still pending, and (if given) the digest the person saw.
+        status = CallStatus.APPROVED if approved else CallStatus.DENIED
         now = timezone.now()
+        # One batch (one statement on PostgreSQL) after the lock: the compare-and-set is its gate
+        # (still pending, and if given the digest the person saw); then the decision, its event,
+        # and the wake-up when no other call of the run is still pending.
         match = {"id": call.pk, "status": CallStatus.PENDING_APPROVAL}
         if digest is not None:
             match["digest"] = digest
-        updated = sql.update(
-            ToolCall, match, {"status": CallStatus.APPROVED if approved else CallStatus.DENIED, "updated_at": now}
+        batch = sql.Batch()
+        batch.gate(ToolCall, match, {"status": status, "updated_at": now})
+        decision = Decision(
+            tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
+            digest=args_digest(args) if args is not None else call.digest,
+            decided_by=_user(by), source=source,
         )
-        if not updated:
+        batch.create([decision])
+        event = {"call": call.tool_call_id, "verdict": str(verdict), "edited": args is not None,
+                 "by": str(_user(by) or ""), "source": source}  # fmt: skip
+        if stop and not approved:
+            # Deny and stop ends the run now: no other call of it runs, decided or not.
+            def expire() -> None:
+                expired = ToolCall.objects.filter(
+                    run_id=run.pk, status__in=(CallStatus.PENDING_APPROVAL, CallStatus.APPROVED)
+                ).update(status=CallStatus.EXPIRED, updated_at=now)
+                _event(run.pk, "decision", **event, **({"expired": expired} if expired else {}))
+
+            batch.call(expire)
+        else:
+            batch.insert(RunEvent, ("run_id", "type", "data", "created_at"), [(run.pk, "decision", event, now)])
+        woken = batch.requeue(
+            run.pk, RunStatus.SUSPENDED, RunStatus.QUEUED, now, unless_pending=CallStatus.PENDING_APPROVAL, besides=call.pk
+        )
+        if not batch.run():
             current = ToolCall.objects.get(pk=call.pk)
             if current.status != CallStatus.PENDING_APPROVAL:
                 raise AlreadyDecided(
@@ -364,22 +388,11 @@ def decide(
             raise StaleDecision(
                 f"the arguments of {current.name} are not the ones you saw; reload the page and decide again"
             )
-        call.status = CallStatus.APPROVED if approved else CallStatus.DENIED
-        decision = sql.create(Decision(
-            tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
-            digest=args_digest(args) if args is not None else call.digest,
-            decided_by=_user(by), source=source,
-        ))
-        expired = 0
-        if stop and not approved:
-            # Deny and stop ends the run now: no other call of it runs, decided or not.
-            expired = ToolCall.objects.filter(
-                run_id=run.pk, status__in=(CallStatus.PENDING_APPROVAL, CallStatus.APPROVED)
-            ).update(status=CallStatus.EXPIRED, updated_at=now)
-        _event(run.pk, "decision", call=call.tool_call_id, verdict=str(verdict), edited=args is not None,
-               by=str(_user(by) or ""), source=source, **({"expired": expired} if expired else {}))
-        # Wake the run only when no call of it is still pending: one statement, no race.
-        wake(run, RunStatus.SUSPENDED, unless_pending=True)
+        call.status = status
+        if batch.counts[woken]:
+            run.generation += 1
+            _status_changed(run.pk, RunStatus.SUSPENDED, RunStatus.QUEUED)
+            dispatch.enqueue_run(run.pk, run.generation)
         transaction.on_commit(lambda: approval_decided.send(sender=ToolCall, tool_call=call, decision=decision))
     return decision
 

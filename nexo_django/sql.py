@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from django.db import connections, router
+from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import AutoField, Field, Model
 from django.db.models.expressions import Col
@@ -351,3 +351,239 @@ def calls_with_decisions(run_id: Any, call_ids: Sequence[str]) -> list[ToolCall]
         relation.set_cached_value(call, decision)
         calls.append(call)
     return calls
+
+
+# --- one write transaction as one statement ---------------------------------------------------------
+
+
+class Batch:
+    """The writes of one transaction of the hot path: a *gate* (a compare-and-set ``UPDATE``, or
+    the ``INSERT`` of a new row) and what is written only if the gate matched.
+
+    Where the database has data-modifying ``WITH`` (PostgreSQL), :meth:`run` sends the whole
+    transaction as **one statement**: the gate's ``UPDATE ... RETURNING`` first, every other write
+    conditioned on it (``WHERE EXISTS (SELECT 1 FROM gate)``), in autocommit or inside the caller's
+    transaction. One round trip instead of ``BEGIN``, a statement each and ``COMMIT``: a statement
+    is atomic, so the guarantees are a transaction's, and if the gate does not match nothing at
+    all is written. The sub-statements share one snapshot, so none may depend on another's effect
+    (each row is written at most once; :meth:`requeue` names the call whose decision it goes with).
+
+    Elsewhere (SQLite), or when a step needs the ORM (a model with ``pre_save``/``post_save``
+    receivers, a :meth:`call`), the steps run one by one in ``transaction.atomic()``, stopping
+    after the gate if it did not match: the same rows either way.
+    """
+
+    def __init__(self) -> None:
+        self.alias, self.conn = _db(AgentRun, write=True)
+        self._steps: list[tuple[Any, ...]] = []
+        self._combined = bool(self.conn.vendor == "postgresql")
+        #: the row count of each step, in order (the gate's first), once run
+        self.counts: list[int] = []
+
+    # The steps. Each returns its index in ``counts``.
+
+    def gate(self, model: type[Model], where: dict[str, Any], values: dict[str, Any]) -> int:
+        """``filter(**where).update(**values)``: the rest is written only if it changed a row."""
+        return self._add("update", model, where, values)
+
+    def gate_create(self, obj: Model) -> int:
+        """Insert ``obj`` (:func:`create`): the rest is always written with it."""
+        if _listened(obj):
+            self._combined = False
+        return self._add("create", [obj])
+
+    def insert(self, model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]]) -> int:
+        """:func:`insert` (no primary keys read back)."""
+        return self._add("insert", model, tuple(names), rows)
+
+    def create(self, objs: Sequence[Model]) -> int:
+        """:func:`bulk_create` with signals: the new keys set on ``objs``."""
+        if objs and _listened(objs[0]):
+            self._combined = False
+        return self._add("create", objs)
+
+    def update(self, model: type[Model], where: dict[str, Any], values: dict[str, Any]) -> int:
+        return self._add("update", model, where, values)
+
+    def requeue(self, run_id: Any, old: str, new: str, now: datetime, *, unless_pending: str, besides: Any) -> int:
+        """:func:`requeue` with ``unless_pending``, not counting the call ``besides`` (whose status
+        an earlier step of this batch changes, unseen by this one when the batch is one statement)."""
+        return self._add("requeue", run_id, old, new, now, unless_pending, besides)
+
+    def call(self, fn: Callable[[], Any]) -> int:
+        """Anything else, in order (the steps then run one by one)."""
+        self._combined = False
+        return self._add("call", fn)
+
+    def _add(self, *step: Any) -> int:
+        if step[0] == "create" and not step[1]:
+            return -1  # nothing to insert
+        self._steps.append(step)
+        return len(self._steps) - 1
+
+    # Running them.
+
+    def run(self) -> bool:
+        """Write the batch; whether the gate matched (if not, nothing was written)."""
+        if not self._steps:
+            raise ValueError("a batch needs its gate")
+        if self._combined:
+            return self._run_combined()
+        self.counts = []
+        # Inside the caller's transaction no savepoint: a failing step dooms the whole of it.
+        with transaction.atomic(using=self.alias, savepoint=False):
+            for i, step in enumerate(self._steps):
+                self.counts.append(self._run_step(step))
+                if i == 0 and not self.counts[0]:
+                    return False
+        return True
+
+    def _run_step(self, step: tuple[Any, ...]) -> int:
+        kind = step[0]
+        if kind == "update":
+            return update(step[1], step[2], step[3])
+        if kind == "create":
+            return len(bulk_create(list(step[1]), signals=True))
+        if kind == "insert":
+            insert(step[1], step[2], step[3])
+            return len(step[3])
+        if kind == "requeue":
+            run_id, old, new, now, unless_pending, _ = step[1:]
+            return requeue(run_id, old, new, now, unless_pending=unless_pending)
+        step[1]()
+        return 1
+
+    def _run_combined(self) -> bool:
+        conn = self.conn
+        shape = tuple(_shape(step) for step in self._steps)
+        key = (conn.vendor, "batch", shape)
+        built = _statements.get(key)
+        if built is None:
+            built = _statements[key] = (_combined_sql(conn, self._steps), ())
+        statement = built[0]
+        params: list[Any] = []
+        for step in self._steps:
+            params += _step_params(conn, step)
+        row = _execute(conn, statement, params, fetch=True)[0]
+        self.counts = [int(n) for n in row[: len(self._steps)]]
+        if not self.counts[0]:
+            return False
+        keys = iter(row[len(self._steps):])
+        for step in self._steps:
+            if step[0] != "create":
+                continue
+            objs = step[1]
+            if _auto_pk(type(objs[0])):
+                # The keys of one INSERT's rows are drawn in the order of its rows: sorted, they
+                # are the rows' keys in order.
+                for obj, pk in zip(objs, sorted(next(keys)), strict=True):
+                    setattr(obj, _pk(type(obj)).attname, pk)
+            for obj in objs:
+                obj._state.adding = False
+                obj._state.db = self.alias
+        return True
+
+
+def _listened(obj: Model) -> bool:
+    model = type(obj)
+    return pre_save.has_listeners(model) or post_save.has_listeners(model)
+
+
+def _auto_pk(model: type[Model]) -> bool:
+    return isinstance(_pk(model), AutoField)
+
+
+def _insert_fields(model: type[Model]) -> list[Field[Any, Any]]:
+    pk = _pk(model)
+    return [f for f in model._meta.concrete_fields if not (_auto_pk(model) and f is pk)]
+
+
+def _shape(step: tuple[Any, ...]) -> tuple[Any, ...]:
+    kind = step[0]
+    if kind == "update":
+        return (kind, step[1], tuple(step[2]), tuple(step[3]))
+    if kind == "create":
+        return (kind, type(step[1][0]), len(step[1]))
+    if kind == "insert":
+        return (kind, step[1], step[2], len(step[3]))
+    return (kind,)
+
+
+def _step_params(conn: BaseDatabaseWrapper, step: tuple[Any, ...]) -> list[Any]:
+    kind = step[0]
+    if kind == "update":
+        model, where, values = step[1:]
+        params = [_field(model, name).get_db_prep_save(v, conn) for name, v in values.items()]
+        return params + _lookup_params(conn, [_field(model, name) for name in where], where.values())
+    if kind == "create":
+        fields = _insert_fields(type(step[1][0]))
+        return [f.get_db_prep_save(f.pre_save(obj, add=True), conn) for obj in step[1] for f in fields]
+    if kind == "insert":
+        model, names, rows = step[1:]
+        fields = [_field(model, name) for name in names]
+        return [f.get_db_prep_save(v, conn) for values in rows for f, v in zip(fields, values, strict=True)]
+    run_id, old, new, now, unless_pending, besides = step[1:]
+    return [
+        new, _field(AgentRun, "updated_at").get_db_prep_save(now, conn), _pk(AgentRun).get_db_prep_value(run_id, conn),
+        old, unless_pending, _pk(ToolCall).get_db_prep_value(besides, conn),
+    ]  # fmt: skip
+
+
+def _cast_type(conn: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
+    """The column's type for a CAST, without a length: an over-long value then fails as it fails
+    when inserted directly (an explicit cast to ``varchar(n)`` would cut it silently)."""
+    db_type = str(field.db_type(conn))
+    return db_type.split("(", 1)[0] if db_type.startswith("varchar(") else db_type
+
+
+def _combined_sql(conn: BaseDatabaseWrapper, steps: list[tuple[Any, ...]]) -> str:
+    """``WITH s0 AS (gate RETURNING 1), s1 AS (... WHERE EXISTS (SELECT 1 FROM s0) RETURNING ...)
+    SELECT (SELECT count(*) FROM s0), ..., ARRAY(SELECT pk FROM sN)``."""
+    q = conn.ops.quote_name
+    parts, counts, keys = [], [], []
+    for i, step in enumerate(steps):
+        kind = step[0]
+        guard = "" if i == 0 else " AND EXISTS (SELECT 1 FROM s0)"
+        returning = "1"
+        if kind == "update":
+            model, where, values = step[1:]
+            assignments = ", ".join(f"{q(str(_field(model, n).column))} = %s" for n in values)
+            condition, _ = _where(conn, model, where)
+            body = f"UPDATE {_table(conn, model)} SET {assignments} WHERE {condition}{guard}"
+        elif kind in ("create", "insert"):
+            if kind == "create":
+                model, n = type(step[1][0]), len(step[1])
+                fields = _insert_fields(model)
+                if _auto_pk(model):
+                    returning = _column(conn, model, _pk(model))
+                    keys.append(f"ARRAY(SELECT {q(str(_pk(model).column))} FROM s{i})")
+            else:
+                model, names, n = step[1], step[2], len(step[3])
+                fields = [_field(model, name) for name in names]
+            columns = ", ".join(q(str(f.column)) for f in fields)
+            row = "(" + ", ".join(f"CAST(%s AS {_cast_type(conn, f)})" for f in fields) + ")"
+            rows = ", ".join([row] * n)
+            if i == 0:
+                body = f"INSERT INTO {_table(conn, model)} ({columns}) VALUES {rows}"
+            else:
+                body = (
+                    f"INSERT INTO {_table(conn, model)} ({columns}) SELECT * FROM (VALUES {rows}) AS v "
+                    "WHERE EXISTS (SELECT 1 FROM s0)"
+                )
+        elif kind == "requeue":
+            run = {name: q(str(_field(AgentRun, name).column)) for name in ("id", "status", "generation", "lease_owner", "updated_at")}
+            call_run, call_status = (q(str(_field(ToolCall, name).column)) for name in ("run", "status"))
+            call_pk = q(str(_pk(ToolCall).column))
+            table = _table(conn, AgentRun)
+            body = (
+                f"UPDATE {table} SET {run['status']} = %s, {run['generation']} = {table}.{run['generation']} + 1, "
+                f"{run['lease_owner']} = NULL, {run['updated_at']} = %s "
+                f"WHERE {table}.{run['id']} = %s AND {table}.{run['status']} = %s"
+                f" AND NOT EXISTS (SELECT 1 FROM {_table(conn, ToolCall)} AS c WHERE c.{call_run} = {table}.{run['id']}"
+                f" AND c.{call_status} = %s AND c.{call_pk} <> %s){guard}"
+            )
+        else:
+            raise ValueError(f"a {kind} step cannot be part of one statement")
+        parts.append(f"s{i} AS ({body} RETURNING {returning})")
+        counts.append(f"(SELECT count(*) FROM s{i})")
+    return "WITH " + ", ".join(parts) + " SELECT " + ", ".join(counts + keys)

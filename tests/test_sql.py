@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models import Model
 from django.db.models.signals import post_save
+from django.test.utils import CaptureQueriesContext
 
 from nexo_django import sql
 from nexo_django.models import (
@@ -279,8 +280,6 @@ def orm_pending(run: AgentRun) -> list[ToolCall]:
 
 
 def test_pending_calls_get_is_one_statement_and_reads_what_the_orm_reads() -> None:
-    from django.test.utils import CaptureQueriesContext
-
     run, _ = pending_run(1)
     with CaptureQueriesContext(connection) as queries:
         call = run.pending_calls().get()
@@ -346,3 +345,125 @@ def test_refresh_from_db_fast_path_and_the_orms_agree() -> None:
     AgentRun.objects.filter(pk=run.pk).delete()
     with pytest.raises(AgentRun.DoesNotExist):
         stale_fast.refresh_from_db()
+
+
+# --- Batch: one write transaction, one statement on PostgreSQL ---------------------------------------
+
+
+def run_rows(run: AgentRun) -> tuple[list[Any], list[Any], list[Any]]:
+    return (
+        [stored(RunMessage, pk) for pk in RunMessage.objects.filter(run=run).order_by("seq").values_list("pk", flat=True)],
+        [stored(RunEvent, pk) for pk in RunEvent.objects.filter(run=run).order_by("pk").values_list("pk", flat=True)],
+        [stored(ToolCall, pk) for pk in ToolCall.objects.filter(run=run).order_by("pk").values_list("pk", flat=True)],
+    )
+
+
+def a_batch(run: AgentRun, where: dict[str, Any], *, sequential: bool = False) -> tuple[sql.Batch, list[ToolCall]]:
+    batch = sql.Batch()
+    if sequential:
+        batch._combined = False
+    batch.gate(AgentRun, where, {"lease_expires_at": WHEN, "workspace": AWKWARD_JSON})
+    batch.insert(RunMessage, ("run_id", "seq", "role", "data", "created_at"),
+                 [(run.pk, i, "user", {"i": i, **AWKWARD_JSON}, WHEN) for i in range(3)])
+    batch.insert(RunEvent, ("run_id", "type", "data", "created_at"), [(run.pk, "x", AWKWARD_JSON, WHEN)])
+    calls = [ToolCall(run_id=run.pk, tool_call_id=f"b{i}", name="write", capability="write", args={"n": i},
+                      digest="d" * 64, status=CallStatus.PENDING_APPROVAL) for i in range(3)]
+    batch.create(calls)
+    return batch, calls
+
+
+def test_a_batch_writes_the_rows_of_its_steps_one_by_one_alike() -> None:
+    """On PostgreSQL one statement; the same rows as the steps one by one in a transaction."""
+    written = []
+    for sequential in (False, True):
+        run = a_run()
+        run.save(force_insert=True)
+        batch, calls = a_batch(run, {"id": run.pk, "lease_owner": "tok-ü", "status": RunStatus.RUNNING},
+                               sequential=sequential)
+        with CaptureQueriesContext(connection) as queries:
+            assert batch.run() is True
+        if connection.vendor == "postgresql" and not sequential:
+            assert [q["sql"].split()[0] for q in queries.captured_queries] == ["WITH"]
+        assert batch.counts == [1, 3, 1, 3]
+        # The keys of the created rows are set, each on its own object, in order.
+        assert [c.tool_call_id for c in ToolCall.objects.filter(pk__in=[c.pk for c in calls]).order_by("pk")] == [
+            "b0", "b1", "b2"]
+        assert [ToolCall.objects.get(pk=c.pk).tool_call_id for c in calls] == ["b0", "b1", "b2"]
+        assert all(not c._state.adding and c._state.db == "default" for c in calls)
+        got = AgentRun.objects.get(pk=run.pk)
+        assert (got.lease_expires_at, got.workspace) == (WHEN, AWKWARD_JSON)
+        messages, events, tool_calls = run_rows(run)
+        # Rows compared without the run's key and the calls' own creation times.
+        written.append((len(messages), [m[1:] for m in messages], [e[1:] for e in events],
+                        [c[1:8] for c in tool_calls]))
+    assert written[0] == written[1]
+    assert ToolCall.objects.get(pk=calls[0].pk).args == {"n": 0}
+
+
+def test_a_batch_whose_gate_does_not_match_writes_nothing() -> None:
+    for sequential in (False, True):
+        run = a_run()
+        run.save(force_insert=True)
+        batch, calls = a_batch(run, {"id": run.pk, "lease_owner": "someone else", "status": RunStatus.RUNNING},
+                               sequential=sequential)
+        assert batch.run() is False
+        assert run_rows(run) == ([], [], [])
+        assert AgentRun.objects.get(pk=run.pk).workspace is None
+        assert all(c.pk is None for c in calls)
+
+
+def test_a_failing_step_of_a_batch_writes_nothing_and_an_overlong_value_is_refused_not_cut() -> None:
+    from django.db import DataError, IntegrityError
+
+    run = a_run()
+    run.save(force_insert=True)
+    RunMessage.objects.create(run=run, seq=1, role="user", data={})
+    for sequential in (False, True):
+        batch, _ = a_batch(run, {"id": run.pk, "status": RunStatus.RUNNING}, sequential=sequential)
+        with pytest.raises(IntegrityError):  # seq 1 is taken
+            batch.run()
+        assert AgentRun.objects.get(pk=run.pk).workspace is None
+        assert RunMessage.objects.filter(run=run).count() == 1 and not RunEvent.objects.filter(run=run).exists()
+    if connection.vendor == "postgresql":  # SQLite does not check lengths
+        batch = sql.Batch()
+        batch.gate(AgentRun, {"id": run.pk}, {"error": "e"})
+        batch.insert(RunMessage, ("run_id", "seq", "role", "data", "created_at"), [(run.pk, 7, "r" * 17, {}, WHEN)])
+        with pytest.raises(DataError):
+            batch.run()
+        assert not RunMessage.objects.filter(run=run, seq=7).exists()
+
+
+def test_a_batch_requeue_does_not_count_the_call_decided_in_it() -> None:
+    """The batch's decision: the call's compare-and-set, then the wake-up that must not see that
+    call as still pending (one statement on PostgreSQL: one snapshot), but must see the others."""
+    run = a_run(status=RunStatus.SUSPENDED)
+    run.save(force_insert=True)
+    first, second = (ToolCall.objects.create(run=run, tool_call_id=f"c{i}", name="write", capability="write",
+                                             args={}, digest="d" * 64, status=CallStatus.PENDING_APPROVAL)
+                     for i in range(2))
+    pending = CallStatus.PENDING_APPROVAL
+    for call, woken in ((first, 0), (second, 1)):
+        batch = sql.Batch()
+        batch.gate(ToolCall, {"id": call.pk, "status": pending}, {"status": CallStatus.APPROVED})
+        i = batch.requeue(run.pk, RunStatus.SUSPENDED, RunStatus.QUEUED, WHEN, unless_pending=pending, besides=call.pk)
+        assert batch.run() is True
+        assert batch.counts[i] == woken
+    back = AgentRun.objects.get(pk=run.pk)
+    assert (back.status, back.generation) == (RunStatus.QUEUED, 8)
+
+
+def test_a_batch_with_a_listened_model_runs_its_steps_one_by_one_so_receivers_run() -> None:
+    seen: list[Any] = []
+
+    def receiver(sender: Any, instance: Any, **kwargs: Any) -> None:
+        seen.append(instance.tool_call_id)
+
+    run = a_run()
+    run.save(force_insert=True)
+    post_save.connect(receiver, sender=ToolCall)
+    try:
+        batch, calls = a_batch(run, {"id": run.pk, "status": RunStatus.RUNNING})
+        assert batch.run() is True
+    finally:
+        post_save.disconnect(receiver, sender=ToolCall)
+    assert seen == ["b0", "b1", "b2"] and all(c.pk for c in calls)
