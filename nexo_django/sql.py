@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from django.db import connections, router, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import AutoField, Field, Model
 from django.db.models.expressions import Col
@@ -43,6 +43,8 @@ BATCH_PARAMS = 900
 
 
 def _db(model: type[Model], *, write: bool) -> tuple[str, BaseDatabaseWrapper]:
+    if not router.routers:  # no DATABASE_ROUTERS: what the router would answer
+        return DEFAULT_DB_ALIAS, connections[DEFAULT_DB_ALIAS]
     alias = router.db_for_write(model) if write else router.db_for_read(model)
     return alias, connections[alias]
 

@@ -12,6 +12,19 @@ from .errors import ModelError
 from .llm.base import Completion, Message
 
 
+def _copied(value: Any) -> Any:
+    """A deep copy of JSON-shaped data (dicts, lists, scalars), several times cheaper than
+    ``copy.deepcopy``; anything else is deep-copied."""
+    kind = type(value)
+    if kind is dict:
+        return {k: _copied(v) for k, v in value.items()}
+    if kind is list:
+        return [_copied(v) for v in value]
+    if kind in (str, int, float, bool) or value is None:
+        return value
+    return copy.deepcopy(value)
+
+
 def tool_call(name: str, /, **args: Any) -> dict[str, Any]:
     """One scripted tool call. ``id`` is given by the turn it is played in."""
     return {"type": "tool_call", "name": name, "args": args}
@@ -48,7 +61,7 @@ class ScriptedModel:
         return f"scripted model ({len(self.script)} turns)"
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> Completion:
-        self.requests.append({"messages": copy.deepcopy(messages), "tools": [t["name"] for t in tools]})
+        self.requests.append({"messages": _copied(messages), "tools": [t["name"] for t in tools]})
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         if turn >= len(self.script):
             raise ModelError(
@@ -63,7 +76,7 @@ class ScriptedModel:
                 texts.append(item["content"])
             elif item.get("type") == "tool_call":
                 calls.append(
-                    {"id": self.call_ids.format(turn=turn, index=len(calls)), "name": item["name"], "args": copy.deepcopy(item["args"])}
+                    {"id": self.call_ids.format(turn=turn, index=len(calls)), "name": item["name"], "args": _copied(item["args"])}
                 )
             else:
                 raise ModelError(f"scripted turn {turn + 1}: use reply(...) or tool_call(...), got {item!r}")
