@@ -339,61 +339,66 @@ def decide(
     """Record one decision, exactly once, and wake the run when it was the last pending call."""
     if args is not None and not approved:
         raise InvalidEditedArguments("edited arguments go with an approval, not a denial")
-    with transaction.atomic():
-        # Serialises decisions on one run (PostgreSQL); SQLite serialises writers anyway.
-        run = sql.get(AgentRun, id=call.run_id, for_update=True)
+    gone = f"run {call.run_id} of {call.name} call {call.tool_call_id} no longer exists"
+    if args is not None:
+        run = sql.get(AgentRun, id=call.run_id)
         if run is None:
-            raise AgentRun.DoesNotExist(f"run {call.run_id} of {call.name} call {call.tool_call_id} no longer exists")
-        if args is not None:
-            check_edited_args(run, call, args)
-        verdict = Verdict.APPROVED if approved else Verdict.DENIED
-        status = CallStatus.APPROVED if approved else CallStatus.DENIED
-        now = timezone.now()
-        # One batch (one statement on PostgreSQL) after the lock: the compare-and-set is its gate
-        # (still pending, and if given the digest the person saw); then the decision, its event,
-        # and the wake-up when no other call of the run is still pending.
-        match = {"id": call.pk, "status": CallStatus.PENDING_APPROVAL}
-        if digest is not None:
-            match["digest"] = digest
-        batch = sql.Batch()
-        batch.gate(ToolCall, match, {"status": status, "updated_at": now})
-        decision = Decision(
-            tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
-            digest=args_digest(args) if args is not None else call.digest,
-            decided_by=_user(by), source=source,
-        )
-        batch.create([decision])
-        event = {"call": call.tool_call_id, "verdict": str(verdict), "edited": args is not None,
-                 "by": str(_user(by) or ""), "source": source}  # fmt: skip
-        if stop and not approved:
-            # Deny and stop ends the run now: no other call of it runs, decided or not.
-            def expire() -> None:
-                expired = ToolCall.objects.filter(
-                    run_id=run.pk, status__in=(CallStatus.PENDING_APPROVAL, CallStatus.APPROVED)
-                ).update(status=CallStatus.EXPIRED, updated_at=now)
-                _event(run.pk, "decision", **event, **({"expired": expired} if expired else {}))
+            raise AgentRun.DoesNotExist(gone)
+        check_edited_args(run, call, args)
+    verdict = Verdict.APPROVED if approved else Verdict.DENIED
+    status = CallStatus.APPROVED if approved else CallStatus.DENIED
+    now = timezone.now()
+    # One batch, one statement on PostgreSQL: the compare-and-set is its gate (still pending, and
+    # if given the digest the person saw); then the decision, its event, and the wake-up if no
+    # other call of the run is still pending.
+    match = {"id": call.pk, "status": CallStatus.PENDING_APPROVAL}
+    if digest is not None:
+        match["digest"] = digest
+    batch = sql.Batch()
+    batch.gate(ToolCall, match, {"status": status, "updated_at": now})
+    decision = Decision(
+        tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
+        digest=args_digest(args) if args is not None else call.digest,
+        decided_by=_user(by), source=source,
+    )
+    batch.create([decision])
+    event = {"call": call.tool_call_id, "verdict": str(verdict), "edited": args is not None,
+             "by": str(_user(by) or ""), "source": source}  # fmt: skip
+    run_id = call.run_id
+    if stop and not approved:
+        # Deny and stop ends the run now: no other call of it runs, decided or not.
+        def expire() -> None:
+            expired = ToolCall.objects.filter(
+                run_id=run_id, status__in=(CallStatus.PENDING_APPROVAL, CallStatus.APPROVED)
+            ).update(status=CallStatus.EXPIRED, updated_at=now)
+            _event(run_id, "decision", **event, **({"expired": expired} if expired else {}))
 
-            batch.call(expire)
-        else:
-            batch.insert(RunEvent, ("run_id", "type", "data", "created_at"), [(run.pk, "decision", event, now)])
-        woken = batch.requeue(
-            run.pk, RunStatus.SUSPENDED, RunStatus.QUEUED, now, unless_pending=CallStatus.PENDING_APPROVAL, besides=call.pk
+        batch.call(expire)
+    else:
+        batch.insert(RunEvent, ("run_id", "type", "data", "created_at"), [(run_id, "decision", event, now)])
+    pending = CallStatus.PENDING_APPROVAL
+    woken = batch.requeue(run_id, RunStatus.SUSPENDED, RunStatus.QUEUED, now, unless_pending=pending, besides=call.pk)
+    if not batch.run():
+        current = ToolCall.objects.filter(pk=call.pk).first()
+        if current is None:
+            raise AgentRun.DoesNotExist(gone)
+        if current.status != CallStatus.PENDING_APPROVAL:
+            raise AlreadyDecided(f"{current.name} call {current.tool_call_id} was already decided ({current.status})")
+        raise StaleDecision(
+            f"the arguments of {current.name} are not the ones you saw; reload the page and decide again"
         )
-        if not batch.run():
-            current = ToolCall.objects.get(pk=call.pk)
-            if current.status != CallStatus.PENDING_APPROVAL:
-                raise AlreadyDecided(
-                    f"{current.name} call {current.tool_call_id} was already decided ({current.status})"
-                )
-            raise StaleDecision(
-                f"the arguments of {current.name} are not the ones you saw; reload the page and decide again"
-            )
-        call.status = status
-        if batch.counts[woken]:
-            run.generation += 1
-            _status_changed(run.pk, RunStatus.SUSPENDED, RunStatus.QUEUED)
-            dispatch.enqueue_run(run.pk, run.generation)
-        transaction.on_commit(lambda: approval_decided.send(sender=ToolCall, tool_call=call, decision=decision))
+    call.status = status
+    generation = batch.generations.get(woken)
+    if generation is None and batch.counts[woken] == 0:
+        # Another call was still pending when the batch ran. No lock serialises two decisions on
+        # one run: each batch may have seen the other's call still pending (one snapshot each).
+        # So each looks again once its own is committed, and the later look sees both decided.
+        # The wake-up is a compare-and-set on the status: of two that look, one wakes the run.
+        generation = sql.requeue_fetch(run_id, RunStatus.SUSPENDED, RunStatus.QUEUED, timezone.now(), unless_pending=pending)
+    if generation is not None:
+        _status_changed(run_id, RunStatus.SUSPENDED, RunStatus.QUEUED)
+        dispatch.enqueue_run(run_id, generation)
+    transaction.on_commit(lambda: approval_decided.send(sender=ToolCall, tool_call=call, decision=decision))
     return decision
 
 

@@ -21,11 +21,13 @@ The ORM stays for the admin and rare paths, and for :func:`create` whenever a ``
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import AutoField, Field, Model
 from django.db.models.expressions import Col
@@ -37,6 +39,9 @@ from .models import AgentRun, Decision, ToolCall
 _statements: dict[tuple[Any, ...], tuple[str, tuple[Field[Any, Any], ...]]] = {}
 #: (vendor, model, field names or None for all) -> each column and the converters of its values
 _readers: dict[tuple[Any, ...], list[tuple[Col, list[Callable[..., Any]]]]] = {}
+
+#: field -> how its values are prepared for the database (:func:`_saver`)
+_savers: dict[Field[Any, Any], Callable[[Any, BaseDatabaseWrapper], Any]] = {}
 
 #: rows per INSERT: under every backend's limit of bound parameters (SQLite's was 999)
 BATCH_PARAMS = 900
@@ -81,6 +86,48 @@ def _where(conn: BaseDatabaseWrapper, model: type[Model], names: Iterable[str]) 
     return " AND ".join(f"{_column(conn, model, f)} = %s" for f in fields), fields
 
 
+def _saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], Any]:
+    """``field.get_db_prep_save`` for the values the hot path writes, without its layers: the
+    same result, by the same backend function, for a ``str`` in a char or text field, a ``bool``,
+    an aware ``datetime`` (with ``USE_TZ``), a ``dict`` or ``list`` in a JSON field, a ``UUID`` in a
+    UUID field or a foreign key to one. Any other value, or a field class of someone else's (a
+    subclass may prepare differently), goes through ``get_db_prep_save`` itself."""
+    saver = _savers.get(field)
+    if saver is None:
+        saver = _savers[field] = _make_saver(field)
+    return saver
+
+
+def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], Any]:
+    slow = field.get_db_prep_save
+    kind = type(field)
+    if kind in (models.CharField, models.TextField):
+        return lambda v, conn: v if type(v) is str else slow(v, conn)
+    if kind is models.BooleanField:
+        return lambda v, conn: v if type(v) is bool else slow(v, conn)
+    if kind is models.DateTimeField:
+
+        def datetime_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
+            if type(v) is datetime and v.tzinfo is not None and settings.USE_TZ:
+                return conn.ops.adapt_datetimefield_value(v)
+            return slow(v, conn)
+
+        return datetime_saver
+    if kind is models.JSONField:
+        encoder = field.encoder  # type: ignore[attr-defined]
+        return lambda v, conn: conn.ops.adapt_json_value(v, encoder) if type(v) in (dict, list) else slow(v, conn)
+    target = field.target_field if kind is models.ForeignKey else field  # type: ignore[attr-defined]
+    if type(target) is models.UUIDField:
+
+        def uuid_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
+            if type(v) is uuid.UUID:
+                return v if conn.features.has_native_uuid_field else v.hex
+            return slow(v, conn)
+
+        return uuid_saver
+    return slow
+
+
 def _lookup_params(conn: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]], values: Iterable[Any]) -> list[Any]:
     params = []
     for field, value in zip(fields, values, strict=True):
@@ -115,7 +162,8 @@ def insert(model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any
                 sql += f" RETURNING {_column(conn, model, _pk(model))}"
             built = _statements[key] = (sql, fields)
         sql, fields = built
-        params = [f.get_db_prep_save(v, conn) for values in batch for f, v in zip(fields, values, strict=True)]
+        savers = [_saver(f) for f in fields]
+        params = [save(v, conn) for values in batch for save, v in zip(savers, values, strict=True)]
         if returning:
             pks.extend(r[0] for r in _execute(conn, sql, params, fetch=True))
         else:
@@ -174,7 +222,7 @@ def update(model: type[Model], where: dict[str, Any], values: dict[str, Any]) ->
         built = _statements[key] = (sql, set_fields + where_fields)
     sql, fields = built
     n = len(values)
-    params = [f.get_db_prep_save(v, conn) for f, v in zip(fields[:n], values.values(), strict=True)]
+    params = [_saver(f)(v, conn) for f, v in zip(fields[:n], values.values(), strict=True)]
     params += _lookup_params(conn, fields[n:], where.values())
     return int(_execute(conn, sql, params))
 
@@ -207,6 +255,16 @@ def requeue(run_id: Any, old: str, new: str, now: datetime, *, unless_pending: s
     if unless_pending is not None:
         params.append(unless_pending)
     return int(_execute(conn, sql, params))
+
+
+def requeue_fetch(run_id: Any, old: str, new: str, now: datetime, *, unless_pending: str | None = None) -> int | None:
+    """:func:`requeue`, then the run's new generation if it woke it (None if not), in one
+    transaction."""
+    alias, _ = _db(AgentRun, write=True)
+    with transaction.atomic(using=alias, savepoint=False):
+        if not requeue(run_id, old, new, now, unless_pending=unless_pending):
+            return None
+        return int(values(AgentRun, "generation", "id", id=run_id)[0])
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -381,6 +439,8 @@ class Batch:
         self._combined = bool(self.conn.vendor == "postgresql")
         #: the row count of each step, in order (the gate's first), once run
         self.counts: list[int] = []
+        #: the new generation of the run each :meth:`requeue` step woke, by step
+        self.generations: dict[int, int] = {}
 
     # The steps. Each returns its index in ``counts``.
 
@@ -409,7 +469,8 @@ class Batch:
 
     def requeue(self, run_id: Any, old: str, new: str, now: datetime, *, unless_pending: str, besides: Any) -> int:
         """:func:`requeue` with ``unless_pending``, not counting the call ``besides`` (whose status
-        an earlier step of this batch changes, unseen by this one when the batch is one statement)."""
+        an earlier step of this batch changes, unseen by this one when the batch is one statement).
+        If it wakes the run, ``generations[step]`` is the run's new generation."""
         return self._add("requeue", run_id, old, new, now, unless_pending, besides)
 
     def call(self, fn: Callable[[], Any]) -> int:
@@ -435,12 +496,12 @@ class Batch:
         # Inside the caller's transaction no savepoint: a failing step dooms the whole of it.
         with transaction.atomic(using=self.alias, savepoint=False):
             for i, step in enumerate(self._steps):
-                self.counts.append(self._run_step(step))
+                self.counts.append(self._run_step(i, step))
                 if i == 0 and not self.counts[0]:
                     return False
         return True
 
-    def _run_step(self, step: tuple[Any, ...]) -> int:
+    def _run_step(self, index: int, step: tuple[Any, ...]) -> int:
         kind = step[0]
         if kind == "update":
             return update(step[1], step[2], step[3])
@@ -451,7 +512,10 @@ class Batch:
             return len(step[3])
         if kind == "requeue":
             run_id, old, new, now, unless_pending, _ = step[1:]
-            return requeue(run_id, old, new, now, unless_pending=unless_pending)
+            woken = requeue(run_id, old, new, now, unless_pending=unless_pending)
+            if woken:
+                self.generations[index] = values(AgentRun, "generation", "id", id=run_id)[0]
+            return woken
         step[1]()
         return 1
 
@@ -471,7 +535,12 @@ class Batch:
         if not self.counts[0]:
             return False
         keys = iter(row[len(self._steps):])
-        for step in self._steps:
+        for i, step in enumerate(self._steps):
+            if step[0] == "requeue":
+                generation = next(keys)
+                if generation is not None:
+                    self.generations[i] = int(generation)
+                continue
             if step[0] != "create":
                 continue
             objs = step[1]
@@ -515,15 +584,17 @@ def _step_params(conn: BaseDatabaseWrapper, step: tuple[Any, ...]) -> list[Any]:
     kind = step[0]
     if kind == "update":
         model, where, values = step[1:]
-        params = [_field(model, name).get_db_prep_save(v, conn) for name, v in values.items()]
+        params = [_saver(_field(model, name))(v, conn) for name, v in values.items()]
         return params + _lookup_params(conn, [_field(model, name) for name in where], where.values())
     if kind == "create":
         fields = _insert_fields(type(step[1][0]))
-        return [f.get_db_prep_save(f.pre_save(obj, add=True), conn) for obj in step[1] for f in fields]
+        prepared = [(f, _saver(f)) for f in fields]
+        return [save(f.pre_save(obj, add=True), conn) for obj in step[1] for f, save in prepared]
     if kind == "insert":
         model, names, rows = step[1:]
         fields = [_field(model, name) for name in names]
-        return [f.get_db_prep_save(v, conn) for values in rows for f, v in zip(fields, values, strict=True)]
+        savers = [_saver(f) for f in fields]
+        return [save(v, conn) for values in rows for save, v in zip(savers, values, strict=True)]
     run_id, old, new, now, unless_pending, besides = step[1:]
     return [
         new, _field(AgentRun, "updated_at").get_db_prep_save(now, conn), _pk(AgentRun).get_db_prep_value(run_id, conn),
@@ -584,6 +655,8 @@ def _combined_sql(conn: BaseDatabaseWrapper, steps: list[tuple[Any, ...]]) -> st
                 f" AND NOT EXISTS (SELECT 1 FROM {_table(conn, ToolCall)} AS c WHERE c.{call_run} = {table}.{run['id']}"
                 f" AND c.{call_status} = %s AND c.{call_pk} <> %s){guard}"
             )
+            returning = f"{table}.{run['generation']}"
+            keys.append(f"(SELECT max({run['generation']}) FROM s{i})")
         else:
             raise ValueError(f"a {kind} step cannot be part of one statement")
         parts.append(f"s{i} AS ({body} RETURNING {returning})")

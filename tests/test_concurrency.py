@@ -85,3 +85,33 @@ def test_scripted_two_last_calls_decided_at_once_wake_the_run_exactly_once(tmp_p
     assert fresh.generation == 2  # exactly one wake-up
     assert (tmp_path / "a.txt").read_text() == "A" and (tmp_path / "b.txt").read_text() == "B"
 
+
+
+def test_scripted_a_decision_whose_batch_saw_the_other_call_pending_looks_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interleaving the race above can hit: decision A's batch sees call B still pending (so it
+    does not wake the run), then B's decision commits, also without waking it (it saw A pending).
+    A looks again after its own commit and wakes the run, exactly once."""
+    from nexo_django import sql
+    from nexo_django.models import CallStatus
+
+    run = ParallelScribe.run("two writes", cwd=tmp_path)
+    first, second = run.pending_calls()
+    real_run = sql.Batch.run
+
+    def run_then_other_decided(self: sql.Batch) -> bool:
+        monkeypatch.undo()  # A's batch only
+        matched = real_run(self)
+        assert self.counts[-1] == 0  # it saw B's call pending: no wake-up
+        # B's batch, committed meanwhile, having seen A's call pending: decided, no wake-up.
+        ToolCall.objects.filter(pk=second.pk).update(status=CallStatus.APPROVED)
+        Decision.objects.create(tool_call=second, verdict="approved", digest=second.digest)
+        return matched
+
+    monkeypatch.setattr(sql.Batch, "run", run_then_other_decided)
+    first.approve()
+    fresh = AgentRun.objects.get(pk=run.pk)
+    assert fresh.status == RunStatus.DONE, fresh.status
+    assert fresh.generation == 2  # woken once, by A's second look
+    assert (tmp_path / "a.txt").read_text() == "A" and (tmp_path / "b.txt").read_text() == "B"

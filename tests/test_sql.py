@@ -467,3 +467,25 @@ def test_a_batch_with_a_listened_model_runs_its_steps_one_by_one_so_receivers_ru
     finally:
         post_save.disconnect(receiver, sender=ToolCall)
     assert seen == ["b0", "b1", "b2"] and all(c.pk for c in calls)
+
+
+def test_each_fields_fast_preparation_is_get_db_prep_save() -> None:
+    def comparable(value: Any) -> Any:
+        return ("json", value.obj) if type(value).__name__ == "Jsonb" else (type(value), value)
+
+    key = uuid.uuid4()
+    samples = ["text", "", True, False, 7, None, WHEN, WHEN.replace(tzinfo=None), AWKWARD_JSON, [1, "2"],
+               key, str(key), 1.5]  # fmt: skip
+    checked = 0
+    for model in (AgentRun, RunMessage, RunEvent, ToolCall, Decision):
+        for field in model._meta.concrete_fields:
+            for value in samples:
+                try:
+                    expected = field.get_db_prep_save(value, connection)
+                except Exception as exc:  # noqa: BLE001 - the fast path must fail alike
+                    with pytest.raises(type(exc)):
+                        sql._saver(field)(value, connection)
+                    continue
+                assert comparable(sql._saver(field)(value, connection)) == comparable(expected), (field, value)
+                checked += 1
+    assert checked > 300
