@@ -227,10 +227,10 @@ def execute_run(run_id: str) -> str:
     """Drive a ``queued`` run until it finishes or suspends. Safe to call twice: the run is claimed
     (compare-and-set) by the journal's first commit, together with what that commit writes (the
     ``executing`` mark of an approved call, or before the first model request at the latest)."""
-    run = sql.get(AgentRun, id=run_id, status=RunStatus.QUEUED)
+    run, messages = sql.run_and_messages(run_id, RunStatus.QUEUED)
     if run is None:
         return "skipped"
-    return _drive(run, uuid.uuid4().hex, None, None, start="claim")
+    return _drive(run, uuid.uuid4().hex, None, messages, start="claim")
 
 
 def _drive(

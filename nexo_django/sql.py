@@ -21,6 +21,7 @@ The ORM stays for the admin and rare paths, and for :func:`create` whenever a ``
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -33,7 +34,7 @@ from django.db.models import AutoField, Field, Model
 from django.db.models.expressions import Col
 from django.db.models.signals import post_save, pre_save
 
-from .models import AgentRun, Decision, ToolCall
+from .models import AgentRun, Decision, RunMessage, ToolCall
 
 #: built statements: (vendor, what, model, ...) -> (sql, fields)
 _statements: dict[tuple[Any, ...], tuple[str, tuple[Field[Any, Any], ...]]] = {}
@@ -60,8 +61,13 @@ def _field(model: type[Model], name: str) -> Field[Any, Any]:
 
 def _execute(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: bool = False) -> Any:
     """Run one statement; rows (``fetch``) or the row count. An error marks the enclosing atomic
-    block for rollback, as the ORM's statements do (``transaction.mark_for_rollback_on_error``)."""
+    block for rollback, as the ORM's statements do (``transaction.mark_for_rollback_on_error``).
+    Inside :meth:`Batch.run` the statements share one cursor."""
     try:
+        cursor = getattr(conn, "_nexo_cursor", None)
+        if cursor is not None:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if fetch else cursor.rowcount
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchall() if fetch else cursor.rowcount
@@ -109,6 +115,8 @@ def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], 
 
         def datetime_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
             if type(v) is datetime and v.tzinfo is not None and settings.USE_TZ:
+                if conn.vendor == "sqlite":  # its adapt_datetimefield_value for an aware value
+                    return str(v.astimezone(conn.timezone).replace(tzinfo=None))
                 return conn.ops.adapt_datetimefield_value(v)
             return slow(v, conn)
 
@@ -376,6 +384,36 @@ def values(model: type[Model], name: str, order_by: str, **where: Any) -> list[A
     return [_convert(conn, reader, row)[0] for row in rows]
 
 
+def run_and_messages(run_id: Any, status: str) -> tuple[AgentRun | None, list[Any]]:
+    """``get(AgentRun, id=run_id, status=status)`` and, if there is such a run, its messages'
+    data in order (``values(RunMessage, "data", "seq", run_id=...)``). On PostgreSQL one
+    statement (the messages as one JSON array), elsewhere two."""
+    alias, conn = _db(AgentRun, write=False)
+    data = _field(RunMessage, "data")
+    if conn.vendor != "postgresql" or data.decoder is not None:  # type: ignore[attr-defined]
+        run = get(AgentRun, id=run_id, status=status)
+        return run, ([] if run is None else values(RunMessage, "data", "seq", run_id=run.pk))
+    key = (conn.vendor, "run_and_messages")
+    built = _statements.get(key)
+    if built is None:
+        q = conn.ops.quote_name
+        condition, fields = _where(conn, AgentRun, ("id", "status"))
+        messages = _table(conn, RunMessage)
+        sql = (
+            f"SELECT {_columns(conn, AgentRun)}, (SELECT COALESCE(json_agg({messages}.{q(str(data.column))} "
+            f"ORDER BY {messages}.{q(str(_field(RunMessage, 'seq').column))}), '[]')::text FROM {messages} "
+            f"WHERE {messages}.{q(str(_field(RunMessage, 'run').column))} = {_column(conn, AgentRun, _pk(AgentRun))}) "
+            f"FROM {_table(conn, AgentRun)} WHERE {condition}"
+        )
+        built = _statements[key] = (sql, fields)
+    sql, fields = built
+    rows = _execute(conn, sql, _lookup_params(conn, fields, (run_id, status)), fetch=True)
+    if not rows:
+        return None, []
+    run = AgentRun.from_db(alias, None, _convert(conn, _reader(conn, AgentRun), rows[0][:-1]))  # type: ignore[arg-type]
+    return run, json.loads(rows[0][-1])
+
+
 def calls_with_decisions(run_id: Any, call_ids: Sequence[str]) -> list[ToolCall]:
     """``ToolCall.objects.filter(run_id=run_id, tool_call_id__in=call_ids)
     .select_related("decision")``: one LEFT JOIN; each call's decision (or its absence) is cached
@@ -494,11 +532,17 @@ class Batch:
             return self._run_combined()
         self.counts = []
         # Inside the caller's transaction no savepoint: a failing step dooms the whole of it.
-        with transaction.atomic(using=self.alias, savepoint=False):
-            for i, step in enumerate(self._steps):
-                self.counts.append(self._run_step(i, step))
-                if i == 0 and not self.counts[0]:
-                    return False
+        conn = self.conn
+        outer = getattr(conn, "_nexo_cursor", None)  # a batch run by a step of another
+        with transaction.atomic(using=self.alias, savepoint=False), conn.cursor() as cursor:
+            conn._nexo_cursor = cursor  # type: ignore[attr-defined]
+            try:
+                for i, step in enumerate(self._steps):
+                    self.counts.append(self._run_step(i, step))
+                    if i == 0 and not self.counts[0]:
+                        return False
+            finally:
+                conn._nexo_cursor = outer  # type: ignore[attr-defined]
         return True
 
     def _run_step(self, index: int, step: tuple[Any, ...]) -> int:

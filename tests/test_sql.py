@@ -489,3 +489,21 @@ def test_each_fields_fast_preparation_is_get_db_prep_save() -> None:
                 assert comparable(sql._saver(field)(value, connection)) == comparable(expected), (field, value)
                 checked += 1
     assert checked > 300
+
+
+def test_run_and_messages_reads_what_get_and_values_read() -> None:
+    run = a_run(status=RunStatus.QUEUED)
+    run.save(force_insert=True)
+    assert sql.run_and_messages(run.pk, RunStatus.QUEUED)[1] == []
+    for seq in (2, 0, 1):  # stored out of order, read in order
+        RunMessage.objects.create(run=run, seq=seq, role="user", data={"seq": seq, **AWKWARD_JSON})
+    other = a_run(status=RunStatus.QUEUED)
+    other.save(force_insert=True)
+    RunMessage.objects.create(run=other, seq=0, role="user", data={"other": True})
+    got, messages = sql.run_and_messages(run.pk, RunStatus.QUEUED)
+    assert got is not None and fields(got) == fields(AgentRun.objects.get(pk=run.pk))
+    assert messages == sql.values(RunMessage, "data", "seq", run_id=run.pk)
+    assert messages == [m.data for m in RunMessage.objects.filter(run=run).order_by("seq")]
+    assert [m["seq"] for m in messages] == [0, 1, 2]
+    assert sql.run_and_messages(run.pk, RunStatus.RUNNING) == (None, [])
+    assert sql.run_and_messages(uuid.uuid4(), RunStatus.QUEUED) == (None, [])
