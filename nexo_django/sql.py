@@ -15,6 +15,10 @@ The rows are the ORM's: values go in through the fields' own ``get_db_prep_save`
 them) and come back through the converters the ORM applies (``ops.get_db_converters`` and the
 field's ``from_db_value``). ``tests/test_sql.py`` reads back through the ORM what is written here.
 
+On PostgreSQL, :class:`Batch` sends each write transaction of the hot path as one statement (a
+data-modifying ``WITH``: the compare-and-set first, every other write conditioned on it), so a
+commit costs one round trip instead of one per statement plus ``BEGIN`` and ``COMMIT``.
+
 The ORM stays for the admin and rare paths, and for :func:`create` whenever a ``pre_save`` or
 ``post_save`` receiver listens to the model (those signals come from ``Model.save()`` only).
 """
