@@ -204,6 +204,7 @@ class ToolCallManager(models.Manager.from_queryset(ToolCallQuerySet)):  # type: 
         if run.pk is None:
             raise ValueError(f"{run!r} needs to have a value for field 'id' before its pending calls can be read.")
         qs: ToolCallQuerySet = self.get_queryset()
+        qs._add_hints(instance=run)  # type: ignore[attr-defined] # the router's database for the run, as run.tool_calls has it
         qs._defer_next_filter = True  # type: ignore[attr-defined] # the ORM's query is built only if something needs it
         qs = qs.filter(run=run, status=CallStatus.PENDING_APPROVAL)
         qs._known_related_objects = {ToolCall._meta.get_field("run"): {run.pk: run}}  # type: ignore[attr-defined]

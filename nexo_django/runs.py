@@ -389,7 +389,7 @@ def decide(
         )
     call.status = status
     generation = batch.generations.get(woken)
-    if generation is None and batch.counts[woken] == 0:
+    if generation is None:
         # Another call was still pending when the batch ran. No lock serialises two decisions on
         # one run: each batch may have seen the other's call still pending (one snapshot each).
         # So each looks again once its own is committed, and the later look sees both decided.
