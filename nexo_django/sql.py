@@ -48,6 +48,13 @@ _readers: dict[tuple[Any, ...], list[tuple[Col, list[Callable[..., Any]]]]] = {}
 #: field -> how its values are prepared for the database (:func:`_saver`)
 _savers: dict[Field[Any, Any], Callable[[Any, BaseDatabaseWrapper], Any]] = {}
 
+#: a batch with more values than this runs step by step (a server-side binding connection allows
+#: 65535 parameters in one statement; client-side binding, Django's default, has no such limit)
+COMBINED_MAX_PARAMS = 20000
+#: batch statements built once and kept, at most (each shape of rows per step is one statement)
+MAX_BATCH_SHAPES = 512
+_batch_shapes: set[tuple[Any, ...]] = set()
+
 #: rows per INSERT: under every backend's limit of bound parameters (SQLite's was 999)
 BATCH_PARAMS = 900
 
@@ -533,7 +540,11 @@ class Batch:
         if not self._steps:
             raise ValueError("a batch needs its gate")
         if self._combined:
-            return self._run_combined()
+            params: list[Any] = []
+            for step in self._steps:
+                params += _step_params(self.conn, step)
+            if len(params) <= COMBINED_MAX_PARAMS:
+                return self._run_combined(params)
         self.counts = []
         # Inside the caller's transaction no savepoint: a failing step dooms the whole of it.
         conn = self.conn
@@ -567,18 +578,16 @@ class Batch:
         step[1]()
         return 1
 
-    def _run_combined(self) -> bool:
+    def _run_combined(self, params: list[Any]) -> bool:
         conn = self.conn
-        shape = tuple(_shape(step) for step in self._steps)
-        key = (conn.vendor, "batch", shape)
+        key = (conn.vendor, "batch", tuple(_shape(step) for step in self._steps))
         built = _statements.get(key)
         if built is None:
-            built = _statements[key] = (_combined_sql(conn, self._steps), ())
-        statement = built[0]
-        params: list[Any] = []
-        for step in self._steps:
-            params += _step_params(conn, step)
-        row = _execute(conn, statement, params, fetch=True)[0]
+            built = (_combined_sql(conn, self._steps), ())
+            if len(_batch_shapes) < MAX_BATCH_SHAPES:  # rows per step vary: keep the cache bounded
+                _batch_shapes.add(key)
+                _statements[key] = built
+        row = _execute(conn, built[0], params, fetch=True)[0]
         self.counts = [int(n) for n in row[: len(self._steps)]]
         if not self.counts[0]:
             return False

@@ -507,3 +507,15 @@ def test_run_and_messages_reads_what_get_and_values_read() -> None:
     assert [m["seq"] for m in messages] == [0, 1, 2]
     assert sql.run_and_messages(run.pk, RunStatus.RUNNING) == (None, [])
     assert sql.run_and_messages(uuid.uuid4(), RunStatus.QUEUED) == (None, [])
+
+
+def test_a_batch_too_big_for_one_statement_runs_step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sql, "COMBINED_MAX_PARAMS", 10)
+    run = a_run()
+    run.save(force_insert=True)
+    batch, calls = a_batch(run, {"id": run.pk, "status": RunStatus.RUNNING})
+    with CaptureQueriesContext(connection) as queries:
+        assert batch.run() is True
+    assert not [q for q in queries.captured_queries if q["sql"].startswith("WITH")]
+    assert batch.counts == [1, 3, 1, 3] and all(c.pk for c in calls)
+    assert RunMessage.objects.filter(run=run).count() == 3
