@@ -254,26 +254,41 @@ def requeue(run_id: Any, old: str, new: str, now: datetime, *, unless_pending: s
     key = (conn.vendor, "requeue", unless_pending is not None)
     built = _statements.get(key)
     if built is None:
-        q = conn.ops.quote_name
-        run = {name: _field(AgentRun, name) for name in ("id", "status", "generation", "lease_owner", "updated_at")}
-        sql = (
-            f"UPDATE {_table(conn, AgentRun)} SET {q(str(run['status'].column))} = %s, "
-            f"{q(str(run['generation'].column))} = {_column(conn, AgentRun, run['generation'])} + 1, "
-            f"{q(str(run['lease_owner'].column))} = NULL, {q(str(run['updated_at'].column))} = %s "
-            f"WHERE {_column(conn, AgentRun, run['id'])} = %s AND {_column(conn, AgentRun, run['status'])} = %s"
+        built = _statements[key] = (_requeue_sql(conn, unless_pending=unless_pending is not None), ())
+    return int(_execute(conn, built[0], _requeue_params(conn, run_id, old, new, now, unless_pending)))
+
+
+def _requeue_sql(conn: BaseDatabaseWrapper, *, unless_pending: bool, besides: bool = False) -> str:
+    """:func:`requeue`'s ``UPDATE``; with ``besides``, one call of the run is not counted pending."""
+    q = conn.ops.quote_name
+    run = {name: _field(AgentRun, name) for name in ("id", "status", "generation", "lease_owner", "updated_at")}
+    sql = (
+        f"UPDATE {_table(conn, AgentRun)} SET {q(str(run['status'].column))} = %s, "
+        f"{q(str(run['generation'].column))} = {_column(conn, AgentRun, run['generation'])} + 1, "
+        f"{q(str(run['lease_owner'].column))} = NULL, {q(str(run['updated_at'].column))} = %s "
+        f"WHERE {_column(conn, AgentRun, run['id'])} = %s AND {_column(conn, AgentRun, run['status'])} = %s"
+    )
+    if unless_pending:
+        sql += (
+            f" AND NOT EXISTS (SELECT 1 FROM {_table(conn, ToolCall)} WHERE "
+            f"{_column(conn, ToolCall, _field(ToolCall, 'run'))} = {_column(conn, AgentRun, run['id'])} "
+            f"AND {_column(conn, ToolCall, _field(ToolCall, 'status'))} = %s"
+            + (f" AND {_column(conn, ToolCall, _pk(ToolCall))} <> %s" if besides else "")
+            + ")"
         )
-        if unless_pending is not None:
-            sql += (
-                f" AND NOT EXISTS (SELECT 1 FROM {_table(conn, ToolCall)} WHERE "
-                f"{_column(conn, ToolCall, _field(ToolCall, 'run'))} = {_column(conn, AgentRun, run['id'])} "
-                f"AND {_column(conn, ToolCall, _field(ToolCall, 'status'))} = %s)"
-            )
-        built = _statements[key] = (sql, (run["updated_at"], run["id"]))
-    sql, (updated_at, pk) = built
-    params = [new, updated_at.get_db_prep_save(now, conn), pk.get_db_prep_value(run_id, conn), old]
+    return sql
+
+
+def _requeue_params(
+    conn: BaseDatabaseWrapper, run_id: Any, old: str, new: str, now: datetime, unless_pending: str | None,
+    besides: Any = None,
+) -> list[Any]:
+    params = [new, _saver(_field(AgentRun, "updated_at"))(now, conn), _pk(AgentRun).get_db_prep_value(run_id, conn), old]
     if unless_pending is not None:
         params.append(unless_pending)
-    return int(_execute(conn, sql, params))
+    if besides is not None:
+        params.append(_pk(ToolCall).get_db_prep_value(besides, conn))
+    return params
 
 
 def requeue_fetch(run_id: Any, old: str, new: str, now: datetime, *, unless_pending: str | None = None) -> int | None:
@@ -485,7 +500,7 @@ class Batch:
     def __init__(self) -> None:
         self.alias, self.conn = _db(AgentRun, write=True)
         self._steps: list[tuple[Any, ...]] = []
-        self._combined = bool(self.conn.vendor == "postgresql")
+        self._combined = self.conn.vendor == "postgresql"
         #: the row count of each step, in order (the gate's first), once run
         self.counts: list[int] = []
         #: the new generation of the run each :meth:`requeue` step woke, by step
@@ -652,11 +667,7 @@ def _step_params(conn: BaseDatabaseWrapper, step: tuple[Any, ...]) -> list[Any]:
         fields = [_field(model, name) for name in names]
         savers = [_saver(f) for f in fields]
         return [save(v, conn) for values in rows for save, v in zip(savers, values, strict=True)]
-    run_id, old, new, now, unless_pending, besides = step[1:]
-    return [
-        new, _field(AgentRun, "updated_at").get_db_prep_save(now, conn), _pk(AgentRun).get_db_prep_value(run_id, conn),
-        old, unless_pending, _pk(ToolCall).get_db_prep_value(besides, conn),
-    ]  # fmt: skip
+    return _requeue_params(conn, *step[1:])
 
 
 def _cast_type(conn: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
@@ -701,19 +712,9 @@ def _combined_sql(conn: BaseDatabaseWrapper, steps: list[tuple[Any, ...]]) -> st
                     "WHERE EXISTS (SELECT 1 FROM s0)"
                 )
         elif kind == "requeue":
-            run = {name: q(str(_field(AgentRun, name).column)) for name in ("id", "status", "generation", "lease_owner", "updated_at")}
-            call_run, call_status = (q(str(_field(ToolCall, name).column)) for name in ("run", "status"))
-            call_pk = q(str(_pk(ToolCall).column))
-            table = _table(conn, AgentRun)
-            body = (
-                f"UPDATE {table} SET {run['status']} = %s, {run['generation']} = {table}.{run['generation']} + 1, "
-                f"{run['lease_owner']} = NULL, {run['updated_at']} = %s "
-                f"WHERE {table}.{run['id']} = %s AND {table}.{run['status']} = %s"
-                f" AND NOT EXISTS (SELECT 1 FROM {_table(conn, ToolCall)} AS c WHERE c.{call_run} = {table}.{run['id']}"
-                f" AND c.{call_status} = %s AND c.{call_pk} <> %s){guard}"
-            )
-            returning = f"{table}.{run['generation']}"
-            keys.append(f"(SELECT max({run['generation']}) FROM s{i})")
+            body = _requeue_sql(conn, unless_pending=True, besides=True) + guard
+            returning = _column(conn, AgentRun, _field(AgentRun, "generation"))
+            keys.append(f"(SELECT max({q(str(_field(AgentRun, 'generation').column))}) FROM s{i})")
         else:
             raise ValueError(f"a {kind} step cannot be part of one statement")
         parts.append(f"s{i} AS ({body} RETURNING {returning})")
