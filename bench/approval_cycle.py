@@ -2,9 +2,11 @@
 
 One cycle: ``Scribe.run()`` (a durable run whose scripted model asks for a gated write) →
 suspended → ``call.approve()`` → the inline queue resumes it at commit → the write runs → the
-scripted model's final answer → done. Timed end to end, per cycle.
+scripted model's final answer → done. Timed end to end, per cycle. ``--start run_later`` starts
+it with ``run_later()`` instead: the inline queue runs the job at the request's commit (a worker
+would: claim, ask the model, suspend).
 
-    python -m bench.approval_cycle --db sqlite|postgres [--cycles N] [--profile]
+    python -m bench.approval_cycle --db sqlite|postgres [--start run|run_later] [--cycles N] [--profile]
 """
 
 from __future__ import annotations
@@ -35,11 +37,17 @@ WARMUP = 10
 COUNTED = 5
 
 
-def one_cycle(agent: Any, workspace: Path | None, user: Any, split: list[int] | None = None) -> Any:
+def one_cycle(
+    agent: Any, workspace: Path | None, user: Any, split: list[int] | None = None, start_with: str = "run"
+) -> Any:
     """One cycle; ``split`` receives the ns from the start to the suspended run."""
     start = time.perf_counter_ns()
     cwd = workspace if agent.sandbox == "local" else None
-    run = agent.run("Write 'hi' to notes.txt", cwd=cwd, user=user)
+    if start_with == "run_later":
+        run = agent.run_later("Write 'hi' to notes.txt", cwd=cwd, user=user)  # the job ran at commit
+        run.refresh_from_db()
+    else:
+        run = agent.run("Write 'hi' to notes.txt", cwd=cwd, user=user)
     if run.status != "suspended":
         raise RuntimeError(f"expected a suspended run, got {run.status}: {run.error}")
     if split is not None:
@@ -52,17 +60,27 @@ def one_cycle(agent: Any, workspace: Path | None, user: Any, split: list[int] | 
     return run
 
 
-def commit_cost(samples: int = 200) -> float:
+def commit_cost(samples: int = 200, *, wait: bool = True) -> float:
     """Median ms of one small write transaction (INSERT + COMMIT) on this database, as the
-    durable layer does them: the floor under each of a cycle's write transactions."""
+    durable layer does them: the floor under each of a cycle's write transactions. ``wait=False``:
+    one whose commit does not wait for the disk, as ``nexo_django.sql.Batch(durable=False)``
+    commits it (the claim before a model request)."""
+    from contextlib import nullcontext
+
     from django.db import connection, transaction
+
+    from nexo_django import sql
 
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE bench_commit (payload TEXT)")
     times = []
+    pg = connection.vendor == "postgresql"
     for _ in range(samples):
         start = time.perf_counter_ns()
-        with transaction.atomic(), connection.cursor() as cursor:
+        sqlite_no_wait = sql._sqlite_no_wait(connection) if not (wait or pg) else nullcontext()
+        with sqlite_no_wait, transaction.atomic(), connection.cursor() as cursor:
+            if pg and not wait:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
             cursor.execute("INSERT INTO bench_commit (payload) VALUES (%s)", ["x" * 200])
         times.append(time.perf_counter_ns() - start)
     with connection.cursor() as cursor:
@@ -77,6 +95,7 @@ def main() -> None:
         "--sandbox", choices=["virtual", "local"], default="virtual",
         help="virtual: the write lands in the run's in-memory files; local: a real file, fsynced",
     )  # fmt: skip
+    parser.add_argument("--start", choices=["run", "run_later"], default="run")
     parser.add_argument("--cycles", type=int, default=300)
     parser.add_argument("--profile", action="store_true", help="cProfile 50 cycles and print the top")
     args = parser.parse_args()
@@ -99,12 +118,12 @@ def main() -> None:
     spaces = iter(workspaces)
 
     if args.profile:
-        print(profile(lambda: [one_cycle(agent, next(spaces), user) for _ in range(50)], top=40))
-        print(profile(lambda: [one_cycle(agent, next(spaces), user) for _ in range(50)], top=40, sort="tottime"))
+        print(profile(lambda: [one_cycle(agent, next(spaces), user, start_with=args.start) for _ in range(50)], top=40))
+        print(profile(lambda: [one_cycle(agent, next(spaces), user, start_with=args.start) for _ in range(50)], top=40, sort="tottime"))
         return
 
     for _ in range(WARMUP):
-        one_cycle(agent, next(spaces), user)
+        one_cycle(agent, next(spaces), user, start_with=args.start)
 
     before = stored_bytes()
     times: list[int] = []
@@ -114,7 +133,7 @@ def main() -> None:
     for _ in range(args.cycles):
         workspace = next(spaces)
         start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
-        run = one_cycle(agent, workspace, user, to_suspended)
+        run = one_cycle(agent, workspace, user, to_suspended, args.start)
         cpu.append(time.process_time_ns() - start_cpu)
         times.append(time.perf_counter_ns() - start)
     disk_per_run = (stored_bytes() - before) / args.cycles
@@ -125,23 +144,24 @@ def main() -> None:
     per_cycle: list[tuple[int, int, int, int]] = []
     for _ in range(COUNTED):
         with counting() as counts:
-            one_cycle(agent, next(spaces), user)
-        per_cycle.append((counts.queries, counts.writes, counts.transactions, counts.write_transactions))
-    queries, writes, transactions, write_transactions = max(per_cycle)
+            one_cycle(agent, next(spaces), user, start_with=args.start)
+        per_cycle.append((counts.queries, counts.writes, counts.transactions, counts.write_transactions,
+                          counts.durable_write_transactions))
+    queries, writes, transactions, write_transactions, durable_writes = max(per_cycle)
     if len(set(per_cycle)) != 1:
         note(f"query counts differ between cycles: {per_cycle}")
 
     figure(
-        "approval_cycle", db=db_label(), sandbox=args.sandbox, cycles=args.cycles,
+        "approval_cycle", db=db_label(), sandbox=args.sandbox, start=args.start, cycles=args.cycles,
         median_ms=ms(median(times)), p95_ms=ms(p95(times)), cpu_median_ms=ms(median(cpu)),
         start_to_suspended_median_ms=ms(median(to_suspended)),
         queries=queries, writes=writes, transactions=transactions, write_transactions=write_transactions,
-        row_bytes_per_run=sum(rows.values()), disk_bytes_per_run=round(disk_per_run),
+        durable_write_transactions=durable_writes, row_bytes_per_run=sum(rows.values()), disk_bytes_per_run=round(disk_per_run),
     )  # fmt: skip
     commit_ms = commit_cost()
     figure(
-        "commit_floor", db=db_label(), commit_median_ms=commit_ms, write_transactions=write_transactions,
-        floor_ms=commit_ms * write_transactions,
+        "commit_floor", db=db_label(), commit_median_ms=commit_ms, no_wait_commit_median_ms=commit_cost(wait=False),
+        durable_write_transactions=durable_writes, floor_ms=commit_ms * durable_writes,
     )  # fmt: skip
     figure("approval_cycle_rows", db=db_label(), sandbox=args.sandbox, **{f"{name}_bytes": size for name, size in rows.items()})
 

@@ -187,6 +187,8 @@ def db_label() -> str:
 # --- counting queries and transactions ----------------------------------------------------------
 
 WRITE_VERBS = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+#: what marks a PostgreSQL statement whose commit does not wait for the disk (nexo_django.sql)
+NO_WAIT_MARK = "set_config('synchronous_commit', 'off', true)"
 
 
 @dataclass
@@ -199,7 +201,10 @@ class Counts:
     write_commits: int = 0  # ... of which wrote something
     autocommit_statements: int = 0  # statements outside any atomic block: one transaction each
     autocommit_writes: int = 0
+    #: write transactions whose commit did not wait for the disk (``sql.Batch(durable=False)``)
+    no_wait_writes: int = 0
     _dirty: bool = field(default=False, repr=False)
+    _no_wait: bool = field(default=False, repr=False)
 
     @property
     def transactions(self) -> int:
@@ -207,8 +212,14 @@ class Counts:
 
     @property
     def write_transactions(self) -> int:
-        """What costs a durable flush (an fsync with default settings)."""
+        """Transactions that wrote something."""
         return self.write_commits + self.autocommit_writes
+
+    @property
+    def durable_write_transactions(self) -> int:
+        """What costs a durable flush (an fsync with default settings): the write transactions
+        but those that committed without waiting for the disk."""
+        return self.write_transactions - self.no_wait_writes
 
 
 @contextmanager
@@ -228,9 +239,11 @@ def counting() -> Iterator[Counts]:
         counts.writes += is_write
         if connection.in_atomic_block:
             counts._dirty = counts._dirty or is_write
+            counts._no_wait = counts._no_wait or sql.startswith("SET LOCAL synchronous_commit TO OFF")
         else:
             counts.autocommit_statements += 1
             counts.autocommit_writes += is_write
+            counts.no_wait_writes += is_write and NO_WAIT_MARK in sql
         return execute(sql, params, many, context)
 
     connection.ensure_connection()
@@ -239,7 +252,10 @@ def counting() -> Iterator[Counts]:
     def commit() -> None:
         counts.commits += 1
         counts.write_commits += counts._dirty
-        counts._dirty = False
+        if counts._dirty and connection.vendor == "sqlite":
+            counts._no_wait = connection.connection.execute("PRAGMA synchronous").fetchone()[0] < 2
+        counts.no_wait_writes += counts._dirty and counts._no_wait
+        counts._dirty = counts._no_wait = False
         original_commit()
 
     connection.commit = commit  # type: ignore[method-assign]

@@ -203,26 +203,33 @@ class DbJournal(Journal):
         # A reply none of whose calls ran (all refused) is saved before the next request, so the
         # model is never asked for it again. The results of idempotent calls are not: they go
         # with the next reply's commit, and a crash before it only runs them again.
-        if self._reply_unsaved or self._start == "claim":
-            # The model is only asked for a run this worker has claimed: a duplicate job stops
-            # here, before paying for a request.
+        if self._reply_unsaved:
             self.flush()
+        elif self._start == "claim":
+            # The model is only asked for a run this worker has claimed: a duplicate job stops
+            # here, before paying for a request. This commit need not wait for the disk: all it
+            # writes is the claim and what the run's rows already imply (results of denied or
+            # idempotent calls, their events). Losing it takes a crash of the database server or
+            # its machine, which ends this worker or its connection (every later write is
+            # fenced); the run is then `queued` as before, and the reconciler sends it again. The
+            # next commit that waits (this run's reply) takes it to disk first.
+            self._commit(*self._fenced(timezone.now(), durable=False))
 
     def emit(self, type: str, data: dict[str, Any]) -> None:
         super().emit(type, data)
         self._events.append((type, capped(data, self.event_limit)))
 
-    def _fenced(self, now: datetime, **fields: Any) -> tuple[sql.Batch, dict[str, Any]]:
+    def _fenced(self, now: datetime, *, durable: bool = True, **fields: Any) -> tuple[sql.Batch, dict[str, Any]]:
         """A batch of this worker's next commit: its gate, then what is buffered. On a held run
         the gate is the lease fence; the first commit claims the queued run or stores the new one
         (see ``start``). The run's values to write come back with it."""
         values = {"lease_expires_at": now + self.lease, **fields}
         if self._start != "held":
             values = {"status": RunStatus.RUNNING, "lease_owner": self.token, "updated_at": now, **values}
-        return self._batch(now, values), values
+        return self._batch(now, values, durable=durable), values
 
-    def _batch(self, now: datetime, values: dict[str, Any]) -> sql.Batch:
-        batch = sql.Batch()
+    def _batch(self, now: datetime, values: dict[str, Any], *, durable: bool = True) -> sql.Batch:
+        batch = sql.Batch(durable=durable)
         if self._start == "insert":
             self._mirror(values)
             batch.gate_create(self.run)
@@ -335,7 +342,7 @@ class DbJournal(Journal):
         # A virtual sandbox's files are saved with the result that changed them: a worker dying
         # before the run closes must not undo a write recorded as succeeded.
         workspace = self.agent.workspace
-        saved = {"workspace": workspace.spec()} if workspace.kind == "virtual" and tool and not tool.idempotent else {}
+        saved: dict[str, Any] = {"workspace": workspace.spec()} if workspace.kind == "virtual" and tool and not tool.idempotent else {}
         now = timezone.now()
         batch, values = self._fenced(now, **saved)
         if row is not None and row.status not in (CallStatus.DENIED, CallStatus.EXPIRED):

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, cast
 
@@ -54,6 +55,9 @@ COMBINED_MAX_PARAMS = 20000
 #: batch statements built once and kept, at most (each shape of rows per step is one statement)
 MAX_BATCH_SHAPES = 512
 _batch_shapes: set[tuple[Any, ...]] = set()
+
+#: SQLite's ``PRAGMA synchronous`` levels
+SQLITE_NORMAL, SQLITE_FULL = 1, 2
 
 #: rows per INSERT: under every backend's limit of bound parameters (SQLite's was 999)
 BATCH_PARAMS = 900
@@ -495,10 +499,21 @@ class Batch:
     Elsewhere (SQLite), or when a step needs the ORM (a model with ``pre_save``/``post_save``
     receivers, a :meth:`call`), the steps run one by one in ``transaction.atomic()``, stopping
     after the gate if it did not match: the same rows either way.
+
+    ``durable=False`` is for a transaction whose loss harms nothing (the claim of a queued run,
+    see ``DbJournal.before_model``): its commit does not wait for the disk. It is as atomic and
+    as visible to every other connection at once as any commit, and survives a killed client;
+    only a crash of the database server or its machine before the next flush can lose it. The
+    next commit that does wait (of any connection: the log is flushed in order) takes it to disk
+    with itself. On PostgreSQL it
+    commits with ``synchronous_commit`` off for that transaction alone; on SQLite in WAL mode
+    with ``synchronous=NORMAL`` for it alone (the connection's level is set back at once). Inside
+    the caller's transaction, or on another journal or database, it is an ordinary commit.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = True) -> None:
         self.alias, self.conn = _db(AgentRun, write=True)
+        self.durable = durable
         self._steps: list[tuple[Any, ...]] = []
         self._combined = self.conn.vendor == "postgresql"
         #: the row count of each step, in order (the gate's first), once run
@@ -554,17 +569,28 @@ class Batch:
         """Write the batch; whether the gate matched (if not, nothing was written)."""
         if not self._steps:
             raise ValueError("a batch needs its gate")
+        # Only a transaction of its own may skip the wait: inside the caller's, the setting would
+        # hold for the caller's writes too.
+        no_wait = not self.durable and self.conn.get_autocommit() and not self.conn.in_atomic_block
         if self._combined:
             params: list[Any] = []
             for step in self._steps:
                 params += _step_params(self.conn, step)
             if len(params) <= COMBINED_MAX_PARAMS:
-                return self._run_combined(params)
+                return self._run_combined(params, no_wait)
+        if no_wait and self.conn.vendor == "sqlite":
+            with _sqlite_no_wait(self.conn):
+                return self._run_steps(False)
+        return self._run_steps(no_wait)
+
+    def _run_steps(self, no_wait: bool) -> bool:
         self.counts = []
         # Inside the caller's transaction no savepoint: a failing step dooms the whole of it.
         conn = self.conn
         outer = getattr(conn, "_nexo_cursor", None)  # a batch run by a step of another
         with transaction.atomic(using=self.alias, savepoint=False), conn.cursor() as cursor:
+            if no_wait and conn.vendor == "postgresql":
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
             conn._nexo_cursor = cursor  # type: ignore[attr-defined]
             try:
                 for i, step in enumerate(self._steps):
@@ -593,12 +619,12 @@ class Batch:
         step[1]()
         return 1
 
-    def _run_combined(self, params: list[Any]) -> bool:
+    def _run_combined(self, params: list[Any], no_wait: bool) -> bool:
         conn = self.conn
-        key = (conn.vendor, "batch", tuple(_shape(step) for step in self._steps))
+        key = (conn.vendor, "batch", no_wait, tuple(_shape(step) for step in self._steps))
         built = _statements.get(key)
         if built is None:
-            built = (_combined_sql(conn, self._steps), ())
+            built = (_combined_sql(conn, self._steps, no_wait), ())
             if len(_batch_shapes) < MAX_BATCH_SHAPES:  # rows per step vary: keep the cache bounded
                 _batch_shapes.add(key)
                 _statements[key] = built
@@ -677,9 +703,11 @@ def _cast_type(conn: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
     return db_type.split("(", 1)[0] if db_type.startswith("varchar(") else db_type
 
 
-def _combined_sql(conn: BaseDatabaseWrapper, steps: list[tuple[Any, ...]]) -> str:
+def _combined_sql(conn: BaseDatabaseWrapper, steps: list[tuple[Any, ...]], no_wait: bool = False) -> str:
     """``WITH s0 AS (gate RETURNING 1), s1 AS (... WHERE EXISTS (SELECT 1 FROM s0) RETURNING ...)
-    SELECT (SELECT count(*) FROM s0), ..., ARRAY(SELECT pk FROM sN)``."""
+    SELECT (SELECT count(*) FROM s0), ..., ARRAY(SELECT pk FROM sN)``. ``no_wait`` adds a last
+    column, ``set_config('synchronous_commit', 'off', true)``: sent in autocommit the statement
+    is its transaction, so the setting holds for its commit alone (``SET LOCAL``)."""
     q = conn.ops.quote_name
     parts, counts, keys = [], [], []
     for i, step in enumerate(steps):
@@ -719,4 +747,24 @@ def _combined_sql(conn: BaseDatabaseWrapper, steps: list[tuple[Any, ...]]) -> st
             raise ValueError(f"a {kind} step cannot be part of one statement")
         parts.append(f"s{i} AS ({body} RETURNING {returning})")
         counts.append(f"(SELECT count(*) FROM s{i})")
-    return "WITH " + ", ".join(parts) + " SELECT " + ", ".join(counts + keys)
+    tail = ["set_config('synchronous_commit', 'off', true)"] if no_wait else []
+    return "WITH " + ", ".join(parts) + " SELECT " + ", ".join(counts + keys + tail)
+
+
+@contextmanager
+def _sqlite_no_wait(conn: BaseDatabaseWrapper) -> Iterator[None]:
+    """Commit without an fsync of the log: ``synchronous=NORMAL`` for the enclosed transaction,
+    in WAL mode only (with a rollback journal a commit that does not wait can corrupt the file on
+    power loss). The connection's own level comes back afterwards, whatever happens."""
+    conn.ensure_connection()
+    raw = conn.connection
+    wal = raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    level = raw.execute("PRAGMA synchronous").fetchone()[0]
+    if not wal or level < SQLITE_FULL:
+        yield
+        return
+    raw.execute(f"PRAGMA synchronous={SQLITE_NORMAL}")
+    try:
+        yield
+    finally:
+        raw.execute(f"PRAGMA synchronous={int(level)}")

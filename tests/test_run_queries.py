@@ -68,6 +68,25 @@ def test_scripted_approval_cycle_costs_five_write_transactions() -> None:
     assert cycle.write_transactions == 4
 
 
+def test_scripted_run_later_to_suspended_waits_for_the_disk_twice() -> None:
+    """The request's commit and the worker's reply wait for the disk; the worker's claim before
+    it asks the model commits without waiting (nexo_django.sql.Batch(durable=False)). The whole
+    cycle waits six times: run()'s five and the request's."""
+    from bench.agents import VirtualScribe
+    from bench.common import counting
+
+    with counting() as start:
+        run = VirtualScribe.run_later("Write 'hi' to notes.txt")  # the inline queue runs the job at commit
+    run.refresh_from_db()
+    assert run.status == "suspended"
+    with counting() as cycle:
+        run.pending_calls().get().approve()
+    run.refresh_from_db()
+    assert run.status == "done", run.error
+    assert (start.write_transactions, start.durable_write_transactions) == (3, 2)
+    assert (cycle.write_transactions, cycle.durable_write_transactions) == (4, 4)
+
+
 def test_scripted_approval_cycle_runs_prepared_statements_only() -> None:
     """Every statement of start, decision and resume is one nexo_django.sql built once (the ORM
     builds none of them); run with no receivers on the models, as by default."""

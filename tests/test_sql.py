@@ -519,3 +519,98 @@ def test_a_batch_too_big_for_one_statement_runs_step_by_step(monkeypatch: pytest
     assert not [q for q in queries.captured_queries if q["sql"].startswith("WITH")]
     assert batch.counts == [1, 3, 1, 3] and all(c.pk for c in calls)
     assert RunMessage.objects.filter(run=run).count() == 3
+
+
+def commit_level() -> str:
+    """How this connection's current transaction will commit: ``wait`` for the disk or not."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SHOW synchronous_commit")
+            return "wait" if cursor.fetchone()[0] != "off" else "no wait"
+        cursor.execute("PRAGMA synchronous")
+        return "wait" if cursor.fetchone()[0] >= sql.SQLITE_FULL else "no wait"
+
+
+@pytest.fixture
+def commits_wait() -> Any:
+    """Commits that wait for the disk, as in production (the test server's are set not to)."""
+    if connection.vendor != "postgresql":
+        assert commit_level() == "wait"  # tests/settings.py: WAL, synchronous=FULL
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit TO on")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET synchronous_commit")
+
+
+@pytest.mark.usefixtures("commits_wait")
+def test_a_batch_that_need_not_wait_commits_without_the_wait_for_its_own_transaction_alone() -> None:
+    run = a_run()
+    run.save(force_insert=True)
+    seen: list[str] = []
+    for durable in (True, False):
+        batch = sql.Batch(durable=durable)
+        batch.gate(AgentRun, {"id": run.pk}, {"error": f"durable={durable}"})
+        batch.call(lambda: seen.append(commit_level()))  # inside the transaction
+        assert batch.run() is True
+        seen.append(commit_level())  # after it: the connection's own level again
+    assert seen == ["wait", "wait", "no wait", "wait"]
+    assert AgentRun.objects.get(pk=run.pk).error == "durable=False"
+    # Inside the caller's transaction the setting would hold for the caller's writes too: none.
+    with transaction.atomic():
+        batch = sql.Batch(durable=False)
+        batch.gate(AgentRun, {"id": run.pk}, {"error": "inside"})
+        batch.call(lambda: seen.append(commit_level()))
+        assert batch.run() is True
+    assert seen[-1] == "wait"
+    # A failing batch leaves the connection's level as it was.
+    batch = sql.Batch(durable=False)
+    batch.gate(AgentRun, {"id": run.pk}, {"error": "fails"})
+    batch.call(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        batch.run()
+    assert commit_level() == "wait" and AgentRun.objects.get(pk=run.pk).error == "inside"
+
+
+@pytest.mark.usefixtures("commits_wait")
+def test_how_a_commit_is_told_not_to_wait_on_this_database(tmp_path: Any) -> None:
+    """PostgreSQL: the batch's one statement sets ``synchronous_commit`` off for its own
+    transaction (and only a batch that need not wait). SQLite: ``synchronous=NORMAL`` around the
+    transaction in WAL mode only: with a rollback journal a commit that did not wait could
+    corrupt the file on power loss, so there the batch commits as usual."""
+    if connection.vendor == "postgresql":
+        for durable in (True, False):
+            run = a_run()
+            run.save(force_insert=True)
+            batch, _ = a_batch(run, {"id": run.pk, "status": RunStatus.RUNNING})
+            batch.durable = durable
+            with CaptureQueriesContext(connection) as queries:
+                assert batch.run() is True
+            [statement] = [q["sql"] for q in queries.captured_queries]
+            assert statement.startswith("WITH")
+            assert ("set_config('synchronous_commit', 'off', true)" in statement) is not durable
+            assert batch.counts == [1, 3, 1, 3]
+            assert commit_level() == "wait"  # the setting held for that statement's transaction alone
+        return
+    import sqlite3
+
+    raw = sqlite3.connect(tmp_path / "rollback.sqlite3")
+    raw.execute("PRAGMA synchronous=FULL")
+
+    class Conn:
+        connection = raw
+
+        def ensure_connection(self) -> None:
+            pass
+
+    with sql._sqlite_no_wait(Conn()):  # type: ignore[arg-type]
+        assert raw.execute("PRAGMA synchronous").fetchone()[0] == sql.SQLITE_FULL
+    raw.execute("PRAGMA journal_mode=WAL")
+    with sql._sqlite_no_wait(Conn()):  # type: ignore[arg-type]
+        assert raw.execute("PRAGMA synchronous").fetchone()[0] == sql.SQLITE_NORMAL
+    assert raw.execute("PRAGMA synchronous").fetchone()[0] == sql.SQLITE_FULL
+    raw.close()
