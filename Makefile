@@ -35,6 +35,9 @@ pytest: $(STAMP)
 	$(PY) -m coverage run -m pytest $(PYTEST_ARGS)
 	$(PY) -m coverage report --sort=cover --skip-covered | tail -n 12
 	WITH_POSTGRES_PYTHON=$(PY) scripts/with-postgres $(PY) -m pytest -m durable $(PYTEST_ARGS)
+	# ... and once more with prepared statements (docs/deployment.md): every statement prepared.
+	WITH_POSTGRES_PYTHON=$(PY) WITH_POSTGRES_URL_OPTIONS="server_side_binding=true&prepare_threshold=1" \
+	  scripts/with-postgres $(PY) -m pytest -m durable $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 

@@ -138,7 +138,10 @@ SQLITE_MODES = {
     "sqlite-wal-normal": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
     "sqlite-nosync": "PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF",
 }
-DATABASES = (*SQLITE_MODES, "postgres")
+#: ``postgres-prepared``: Django's ``server_side_binding`` with psycopg preparing a statement
+#: from its fifth run (``prepare_threshold``; Django's default is never, for poolers' sake)
+DATABASES = (*SQLITE_MODES, "postgres", "postgres-prepared")
+PREPARED_OPTIONS = "?server_side_binding=true&prepare_threshold=5"
 
 
 def database_url(kind: str) -> str:
@@ -148,7 +151,9 @@ def database_url(kind: str) -> str:
         return url + ("?init_command=" + quote(pragmas) if pragmas else "")
     if kind == "postgres":
         return postgres_url()
-    raise SystemExit(f"unknown database {kind!r}: use sqlite or postgres")
+    if kind == "postgres-prepared":
+        return postgres_url() + PREPARED_OPTIONS
+    raise SystemExit(f"unknown database {kind!r}: use one of {', '.join(DATABASES)}")
 
 
 def setup_django(db_url: str, *, redis_url: str | None = None) -> None:
@@ -168,7 +173,8 @@ def setup_django(db_url: str, *, redis_url: str | None = None) -> None:
 
 def db_label() -> str:
     """``sqlite`` (Django's defaults), ``sqlite-wal-full``, ``sqlite-wal-normal``,
-    ``sqlite-nosync``, or ``postgresql-fsync`` / ``postgresql-nofsync`` (read from the server)."""
+    ``sqlite-nosync``, or ``postgresql-fsync`` / ``postgresql-nofsync`` (read from the server),
+    ``-prepared`` added with ``postgres-prepared``."""
     from django.db import connection
 
     if connection.vendor == "postgresql":
@@ -177,7 +183,10 @@ def db_label() -> str:
             fsync = cursor.fetchone()[0]
             cursor.execute("SHOW synchronous_commit")
             sync_commit = cursor.fetchone()[0]
-        return "postgresql-fsync" if fsync == "on" and sync_commit == "on" else "postgresql-nofsync"
+        label = "postgresql-fsync" if fsync == "on" and sync_commit == "on" else "postgresql-nofsync"
+        options = connection.settings_dict.get("OPTIONS", {})
+        prepared = options.get("server_side_binding") is True and options.get("prepare_threshold") is not None
+        return label + ("-prepared" if prepared else "")
     if connection.vendor != "sqlite":
         return str(connection.vendor)
     init = connection.settings_dict.get("OPTIONS", {}).get("init_command", "")

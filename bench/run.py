@@ -46,6 +46,7 @@ STEPS = [
     Step("approval_cycle_sqlite_wal_normal", ["bench.approval_cycle", "--db", "sqlite-wal-normal"], ["--cycles", "30"]),
     Step("approval_cycle_sqlite_nosync", ["bench.approval_cycle", "--db", "sqlite-nosync"], ["--cycles", "30"]),
     Step("approval_cycle_postgres", ["bench.approval_cycle", "--db", "postgres"], ["--cycles", "30"]),
+    Step("approval_cycle_postgres_prepared", ["bench.approval_cycle", "--db", "postgres-prepared"], ["--cycles", "30"]),
     Step("approval_cycle_later_sqlite_wal", ["bench.approval_cycle", "--db", "sqlite-wal-full", "--start", "run_later"],
          ["--cycles", "30"]),
     Step("approval_cycle_later_postgres", ["bench.approval_cycle", "--db", "postgres", "--start", "run_later"],
@@ -57,6 +58,7 @@ STEPS = [
     # The peers (bench/peers.py, the `bench` extra), each timed in turn with nexo's cycle in one process.
     Step("peers_sqlite_wal", ["bench.peers", "--nexo-db", "sqlite-wal-full"], ["--cycles", "30", "--round", "10"]),
     Step("peers_postgres", ["bench.peers", "--nexo-db", "postgres"], ["--cycles", "30", "--round", "10"]),
+    Step("peers_postgres_prepared", ["bench.peers", "--nexo-db", "postgres-prepared"], ["--cycles", "30", "--round", "10"]),
     Step("reconcile_sqlite", ["bench.reconcile", "--db", "sqlite"], ["--sizes", "1000,10000", "--rounds", "5"]),
     Step("reconcile_postgres", ["bench.reconcile", "--db", "postgres"], ["--sizes", "1000,10000", "--rounds", "5"]),
 ]

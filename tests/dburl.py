@@ -14,8 +14,9 @@ def parse_database_url(url: str) -> dict[str, Any]:
     (``postgresql://`` too) or ``sqlite:///relative/path`` / ``sqlite:////absolute/path``
     (``?init_command=...`` and other query parameters become ``OPTIONS``)."""
     parts = urlsplit(url)
-    options = dict(parse_qsl(parts.query))
+    options: dict[str, Any] = dict(parse_qsl(parts.query))
     if parts.scheme in ("postgres", "postgresql"):
+        options = {name: _typed(name, value) for name, value in options.items()}
         name = unquote(parts.path.lstrip("/"))
         if not name:
             raise ValueError(f"database URL {url!r} names no database: add /NAME after host:port")
@@ -37,3 +38,21 @@ def parse_database_url(url: str) -> dict[str, Any]:
         f"database URL scheme {parts.scheme!r} is not supported; use "
         "postgres://user:password@host:port/name or sqlite:///path"
     )
+
+
+#: PostgreSQL OPTIONS that Django reads as a bool or an int, not as a string
+_BOOL_OPTIONS = ("server_side_binding",)
+_INT_OPTIONS = ("prepare_threshold",)
+
+
+def _typed(name: str, value: str) -> Any:
+    if name in _BOOL_OPTIONS:
+        if value.lower() not in ("true", "false"):
+            raise ValueError(f"database URL option {name}={value!r}: use true or false")
+        return value.lower() == "true"
+    if name in _INT_OPTIONS:
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"database URL option {name}={value!r}: use a whole number") from None
+    return value

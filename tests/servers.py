@@ -502,7 +502,9 @@ class RedisServer(_Server):
 
 
 def with_postgres(cmd: Sequence[str]) -> int:
-    """Run ``cmd`` with DATABASE_URL pointing at a fresh PostgreSQL; return its exit code."""
+    """Run ``cmd`` with DATABASE_URL pointing at a fresh PostgreSQL; return its exit code.
+    ``WITH_POSTGRES_URL_OPTIONS`` (``name=value&...``), if set, is the URL's query: the
+    connection's ``OPTIONS`` (tests/dburl.py)."""
     if not cmd:
         print("usage: scripts/with-postgres CMD [ARG...]", file=sys.stderr)
         return 2
@@ -512,9 +514,11 @@ def with_postgres(cmd: Sequence[str]) -> int:
         print(f"with-postgres: {exc}", file=sys.stderr)
         return 2
     try:
-        print(f"with-postgres: PostgreSQL ready at {server.url}", file=sys.stderr)
+        options = os.environ.get("WITH_POSTGRES_URL_OPTIONS", "")
+        url = server.url + (f"?{options}" if options else "")
+        print(f"with-postgres: PostgreSQL ready at {url}", file=sys.stderr)
         try:
-            child = subprocess.Popen(list(cmd), env={**os.environ, "DATABASE_URL": server.url})
+            child = subprocess.Popen(list(cmd), env={**os.environ, "DATABASE_URL": url})
         except OSError as exc:
             print(f"with-postgres: cannot run {cmd[0]!r}: {exc}", file=sys.stderr)
             return 127

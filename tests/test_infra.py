@@ -182,6 +182,16 @@ def test_parse_database_url_reads_every_part_of_a_postgres_url() -> None:
     }
 
 
+def test_parse_database_url_types_the_postgres_options_django_reads_as_bool_or_int() -> None:
+    options = parse_database_url("postgres://u@h:1/db?server_side_binding=True&prepare_threshold=5&sslmode=require")[
+        "OPTIONS"]
+    assert options == {"server_side_binding": True, "prepare_threshold": 5, "sslmode": "require"}
+    with pytest.raises(ValueError, match="server_side_binding='yes': use true or false"):
+        parse_database_url("postgres://u@h:1/db?server_side_binding=yes")
+    with pytest.raises(ValueError, match="prepare_threshold='x': use a whole number"):
+        parse_database_url("postgres://u@h:1/db?prepare_threshold=x")
+
+
 def test_parse_database_url_names_the_supported_schemes_for_an_unknown_one() -> None:
     with pytest.raises(ValueError, match=r"'mysql' is not supported; use postgres://"):
         parse_database_url("mysql://root@localhost/db")
