@@ -24,11 +24,17 @@ from .agent import CallDecision, Journal, open_calls
 from .conf import nexo_settings
 from .errors import LeaseLost, PendingCall, SecurityError, ToolArgumentError
 from .llm.base import Message, add_usage
-from .models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall, args_digest
-
-#: the columns the journal writes for a transcript message and for an event
-MESSAGE_COLUMNS = ("run_id", "seq", "role", "data", "created_at")
-EVENT_COLUMNS = ("run_id", "type", "data", "created_at")
+from .models import (
+    EVENT_COLUMNS,
+    MESSAGE_COLUMNS,
+    AgentRun,
+    CallStatus,
+    RunEvent,
+    RunMessage,
+    RunStatus,
+    ToolCall,
+    args_digest,
+)
 
 if TYPE_CHECKING:
     from .agent import Agent

@@ -126,6 +126,11 @@ class AgentRun(models.Model):
         return retry_run(self, by=by)
 
 
+#: the columns written for a transcript message and for an event (``sql.insert``, no keys read back)
+MESSAGE_COLUMNS = ("run_id", "seq", "role", "data", "created_at")
+EVENT_COLUMNS = ("run_id", "type", "data", "created_at")
+
+
 class RunMessage(models.Model):
     """One transcript message; appended, never rewritten."""
 

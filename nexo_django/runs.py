@@ -35,6 +35,8 @@ from .errors import (
     TransitionError,
 )
 from .models import (
+    EVENT_COLUMNS,
+    MESSAGE_COLUMNS,
     AgentRun,
     CallStatus,
     Decision,
@@ -188,14 +190,16 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
         if _drive(run, uuid.uuid4().hex, agent, messages, start="insert") == "lease lost":
             sql.refresh(run)  # someone else changed it (a cancel); otherwise the journal kept it current
         return run
-    with transaction.atomic():
-        run.save(force_insert=True)
-        RunMessage.objects.bulk_create(
-            RunMessage(run=run, seq=i, role=m["role"], data=m) for i, m in enumerate(messages)
-        )
-        _event(run.pk, "created", agent=cls.path(), later=later)
-        dispatch.enqueue_run(run.pk, run.generation)
-        _refresh_at_commit(run)
+    # One write transaction (one statement on PostgreSQL): the run, its messages, its event. The
+    # job is sent once it commits (inside the caller's transaction: when that commits).
+    now = timezone.now()
+    batch = sql.Batch()
+    batch.gate_create(run)
+    batch.insert(RunMessage, MESSAGE_COLUMNS, [(run.pk, i, m["role"], m, now) for i, m in enumerate(messages)])
+    batch.insert(RunEvent, EVENT_COLUMNS, [(run.pk, "created", {"agent": cls.path(), "later": True}, now)])
+    batch.run()
+    dispatch.enqueue_run(run.pk, run.generation)
+    _refresh_at_commit(run)
     return run
 
 
@@ -375,7 +379,7 @@ def decide(
 
         batch.call(expire)
     else:
-        batch.insert(RunEvent, ("run_id", "type", "data", "created_at"), [(run_id, "decision", event, now)])
+        batch.insert(RunEvent, EVENT_COLUMNS, [(run_id, "decision", event, now)])
     pending = CallStatus.PENDING_APPROVAL
     woken = batch.requeue(run_id, RunStatus.SUSPENDED, RunStatus.QUEUED, now, unless_pending=pending, besides=call.pk)
     if not batch.run():
