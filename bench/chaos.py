@@ -248,6 +248,16 @@ class Chaos:
 
     # --- the verdict ---------------------------------------------------------------------------
 
+    def story(self, prompt: str) -> str:
+        """The run's events in order, for a reader to see what happened around a repeat."""
+        from nexo_django.models import RunEvent
+
+        events = RunEvent.objects.filter(run__prompt=prompt).order_by("id").values_list("type", "data")
+        return " ".join(
+            f"{kind}({data.get('turn', data.get('call', ''))})" if isinstance(data, dict) else kind
+            for kind, data in events
+        )
+
     def verdict(self, seconds: float, drained: bool) -> None:
         from nexo_django.models import AgentRun, CallStatus, RunEvent, ToolCall
 
@@ -270,7 +280,7 @@ class Chaos:
             note(f"ran {n} times: {line}")
         for line, n in asked.items():
             if n > 1:
-                note(f"model asked {n} times: {line}")
+                note(f"model asked {n} times: {line}; its run's events: {self.story(line.split(' ', 1)[0])}")
         if self.errors:
             note("errors seen by the approver/reconciler threads: " + ", ".join(f"{k}={v}" for k, v in sorted(self.errors.items())))
         recovered = RunEvent.objects.filter(type="recovered").count()
