@@ -141,7 +141,7 @@ def main() -> None:
     rows = row_bytes(run.pk)
 
     # Counted apart: the execute wrapper costs time of its own.
-    per_cycle: list[tuple[int, int, int, int]] = []
+    per_cycle: list[tuple[int, int, int, int, int]] = []
     for _ in range(COUNTED):
         with counting() as counts:
             one_cycle(agent, next(spaces), user, start_with=args.start)

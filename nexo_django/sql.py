@@ -505,10 +505,10 @@ class Batch:
     as visible to every other connection at once as any commit, and survives a killed client;
     only a crash of the database server or its machine before the next flush can lose it. The
     next commit that does wait (of any connection: the log is flushed in order) takes it to disk
-    with itself. On PostgreSQL it
-    commits with ``synchronous_commit`` off for that transaction alone; on SQLite in WAL mode
-    with ``synchronous=NORMAL`` for it alone (the connection's level is set back at once). Inside
-    the caller's transaction, or on another journal or database, it is an ordinary commit.
+    with itself. On PostgreSQL it commits with ``synchronous_commit`` off for that transaction
+    alone; on SQLite in WAL mode with ``synchronous=NORMAL`` for it alone (the connection's level
+    is set back at once). Inside the caller's transaction, with a rollback journal, or on another
+    database, it is an ordinary commit.
     """
 
     def __init__(self, *, durable: bool = True) -> None:
@@ -580,16 +580,16 @@ class Batch:
                 return self._run_combined(params, no_wait)
         if no_wait and self.conn.vendor == "sqlite":
             with _sqlite_no_wait(self.conn):
-                return self._run_steps(False)
-        return self._run_steps(no_wait)
+                return self._run_steps()
+        return self._run_steps(set_local_no_wait=no_wait and self.conn.vendor == "postgresql")
 
-    def _run_steps(self, no_wait: bool) -> bool:
+    def _run_steps(self, *, set_local_no_wait: bool = False) -> bool:
         self.counts = []
         # Inside the caller's transaction no savepoint: a failing step dooms the whole of it.
         conn = self.conn
         outer = getattr(conn, "_nexo_cursor", None)  # a batch run by a step of another
         with transaction.atomic(using=self.alias, savepoint=False), conn.cursor() as cursor:
-            if no_wait and conn.vendor == "postgresql":
+            if set_local_no_wait:
                 cursor.execute("SET LOCAL synchronous_commit TO OFF")
             conn._nexo_cursor = cursor  # type: ignore[attr-defined]
             try:
