@@ -65,22 +65,16 @@ def commit_cost(samples: int = 200, *, wait: bool = True) -> float:
     durable layer does them: the floor under each of a cycle's write transactions. ``wait=False``:
     one whose commit does not wait for the disk, as ``nexo_django.sql.Batch(durable=False)``
     commits it (the claim before a model request)."""
-    from contextlib import nullcontext
-
-    from django.db import connection, transaction
+    from django.db import connection
 
     from nexo_django import sql
 
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE bench_commit (payload TEXT)")
     times = []
-    pg = connection.vendor == "postgresql"
     for _ in range(samples):
         start = time.perf_counter_ns()
-        sqlite_no_wait = sql._sqlite_no_wait(connection) if not (wait or pg) else nullcontext()
-        with sqlite_no_wait, transaction.atomic(), connection.cursor() as cursor:
-            if pg and not wait:
-                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        with sql.atomic(connection, "default", wait=wait), connection.cursor() as cursor:
             cursor.execute("INSERT INTO bench_commit (payload) VALUES (%s)", ["x" * 200])
         times.append(time.perf_counter_ns() - start)
     with connection.cursor() as cursor:

@@ -219,7 +219,7 @@ class DbJournal(Journal):
             # its machine, which ends this worker or its connection (every later write is
             # fenced); the run is then `queued` as before, and the reconciler sends it again. The
             # next commit that waits (this run's reply) takes it to disk first.
-            self._commit(*self._fenced(timezone.now(), durable=False))
+            self.flush(durable=False)
 
     def emit(self, type: str, data: dict[str, Any]) -> None:
         super().emit(type, data)
@@ -277,8 +277,8 @@ class DbJournal(Journal):
         """The lease fence: the compare-and-set every write of a held run goes through."""
         return {"id": self.run.pk, "lease_owner": self.token, "status": RunStatus.RUNNING}
 
-    def flush(self) -> None:
-        self._commit(*self._fenced(timezone.now()))
+    def flush(self, *, durable: bool = True) -> None:
+        self._commit(*self._fenced(timezone.now(), durable=durable))
 
     # --- calls -------------------------------------------------------------------------------
 

@@ -578,19 +578,11 @@ class Batch:
                 params += _step_params(self.conn, step)
             if len(params) <= COMBINED_MAX_PARAMS:
                 return self._run_combined(params, no_wait)
-        if no_wait and self.conn.vendor == "sqlite":
-            with _sqlite_no_wait(self.conn):
-                return self._run_steps()
-        return self._run_steps(set_local_no_wait=no_wait and self.conn.vendor == "postgresql")
-
-    def _run_steps(self, *, set_local_no_wait: bool = False) -> bool:
         self.counts = []
         # Inside the caller's transaction no savepoint: a failing step dooms the whole of it.
         conn = self.conn
         outer = getattr(conn, "_nexo_cursor", None)  # a batch run by a step of another
-        with transaction.atomic(using=self.alias, savepoint=False), conn.cursor() as cursor:
-            if set_local_no_wait:
-                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        with atomic(conn, self.alias, wait=not no_wait), conn.cursor() as cursor:
             conn._nexo_cursor = cursor  # type: ignore[attr-defined]
             try:
                 for i, step in enumerate(self._steps):
@@ -749,6 +741,24 @@ def _combined_sql(conn: BaseDatabaseWrapper, steps: list[tuple[Any, ...]], no_wa
         counts.append(f"(SELECT count(*) FROM s{i})")
     tail = ["set_config('synchronous_commit', 'off', true)"] if no_wait else []
     return "WITH " + ", ".join(parts) + " SELECT " + ", ".join(counts + keys + tail)
+
+
+@contextmanager
+def atomic(conn: BaseDatabaseWrapper, alias: str, *, wait: bool = True) -> Iterator[None]:
+    """``transaction.atomic(using=alias, savepoint=False)``; with ``wait=False`` its commit does
+    not wait for the disk (see :class:`Batch`): for a transaction of its own only, so the caller
+    checks that none is open."""
+    if wait or conn.vendor not in ("postgresql", "sqlite"):
+        with transaction.atomic(using=alias, savepoint=False):
+            yield
+    elif conn.vendor == "sqlite":
+        with _sqlite_no_wait(conn), transaction.atomic(using=alias, savepoint=False):
+            yield
+    else:
+        with transaction.atomic(using=alias, savepoint=False):
+            with conn.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+            yield
 
 
 @contextmanager
