@@ -134,7 +134,9 @@ EVENT_COLUMNS = ("run_id", "type", "data", "created_at")
 class RunMessage(models.Model):
     """One transcript message; appended, never rewritten."""
 
-    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="messages")
+    # No index of its own: the unique (run, seq) index serves every lookup by run (each index is
+    # pages written at every commit that appends a message).
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="messages", db_index=False)
     seq = models.PositiveIntegerField()
     role = models.CharField(max_length=16)
     data = models.JSONField()
@@ -220,7 +222,8 @@ class ToolCallManager(models.Manager.from_queryset(ToolCallQuerySet)):  # type: 
 class ToolCall(models.Model):
     """A call that needed a decision or has a side effect, with its status and result."""
 
-    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="tool_calls")
+    # No index of its own: the unique (run, tool_call_id) index serves every lookup by run.
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
     tool_call_id = models.CharField(max_length=128)
     #: The run's agent, copied so the inbox filters by agent from an index, without a join.
     agent = models.CharField(max_length=255, default="", blank=True)
@@ -318,7 +321,8 @@ class Decision(models.Model):
 class RunEvent(models.Model):
     """One step of a run, in the order of ``id`` (appended, never rewritten)."""
 
-    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: (run, id) below serves every lookup by run.
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="events", db_index=False)
     type = models.CharField(max_length=40)
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
