@@ -1,7 +1,8 @@
 """Drop the index of its own that Django gave the ``run`` foreign key of RunMessage, RunEvent and
 ToolCall: each table's composite index starting with ``run_id`` ((run, seq), (run, id) and
 (run, tool_call_id)) serves every lookup by run, and each index is pages written at every commit
-that appends a row (measured: the SQLite WAL approval cycle 4.6 → 3.75 ms).
+that appends a row (the approval cycle on SQLite WAL: 86 WAL frames written per cycle before, 74
+after).
 
 The database side is one ``DROP INDEX`` per table (the index found by introspection, whatever it
 is named), not ``AlterField``: on SQLite that would copy each table. Going back creates an index on
