@@ -26,6 +26,12 @@ serialisation and its durable writes. The frameworks take turns in rounds (``--r
 each), so a burst of load on a shared machine falls on all of them alike.
 
     python -m bench.peers [--cycles N] [--nexo-db sqlite-wal-full|postgres|none] [--framework NAME ...]
+                          [--processes N]
+
+``--processes N`` runs the whole comparison N times, each in a fresh process, one after the other,
+and reports the median of their figures beside the lowest and highest ratio: the ratio moves from
+one process to the next by more than the rounds inside one process can even out (on the 2-core
+machine of bench/README.md, 0.43 to 0.54 in 14 runs of the same code).
 """
 
 from __future__ import annotations
@@ -36,8 +42,11 @@ import gc
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -399,7 +408,10 @@ def main() -> None:
                         help="the database of nexo_django's cycle, timed in the same rounds (none: peers only)")
     parser.add_argument("--langgraph-durability", default="sync", choices=["sync", "async", "exit"])
     parser.add_argument("--no-freeze", action="store_true", help="leave the set-up objects to the collector")
+    parser.add_argument("--processes", type=int, default=1, help="run it in N fresh processes and take the medians")
     args = parser.parse_args()
+    if args.processes > 1:
+        return in_processes(args.processes)
 
     root = scratch() / "peers"
     root.mkdir()
@@ -464,14 +476,71 @@ def main() -> None:
         cpu_ratio=median(cpu[nexo.name]) / median(cpu[best.name]),
     )  # fmt: skip
     from bench.common import fmt
+
+    print_verdict(nexo.store, best.name, fmt(medians[nexo.name] / medians[best.name]))
+    note(f"one process, frameworks in turn; load average {'/'.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
+def print_verdict(nexo_db: str, best_peer: str, ratio: str) -> None:
+    """The same verdict bench/run.py prints for this ratio."""
     from bench.targets import evaluate
 
-    ratio = {"figure": "cycle_vs_best_peer", "nexo_db": nexo.store, "best_peer": best.name,
-             "ratio": fmt(medians[nexo.name] / medians[best.name])}  # fmt: skip
-    for verdict in evaluate([ratio]):  # the same verdict bench/run.py prints
+    for verdict in evaluate([{"figure": "cycle_vs_best_peer", "nexo_db": nexo_db, "best_peer": best_peer, "ratio": ratio}]):
         if verdict.startswith("target=cycle_vs_best_peer") and "not_measured" not in verdict:
             print(verdict, flush=True)
-    note(f"one process, frameworks in turn; load average {'/'.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
+def in_processes(count: int) -> None:
+    """Run this benchmark ``count`` times, each in a fresh process with the same arguments; print
+    each process's figures (as ``peer_cycle_process`` and ``cycle_vs_best_peer_process``, with
+    ``process=i``), then ``peer_cycle`` and ``cycle_vs_best_peer`` with the medians over the
+    processes and the lowest and highest ratio."""
+    from bench.common import fmt
+    from bench.targets import parse
+
+    argv: list[str] = []  # this command's arguments without --processes
+    skip = False
+    for arg in sys.argv[1:]:
+        if not skip and not arg.startswith("--processes"):
+            argv.append(arg)
+        skip = arg == "--processes"
+    runs: list[list[dict[str, str]]] = []
+    for i in range(count):
+        done = subprocess.run([sys.executable, "-m", "bench.peers", *argv], stdout=subprocess.PIPE, text=True, check=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("figure=")]
+        for line in lines:
+            name, rest = line.split(" ", 1)
+            print(f"{name}_process process={i} {rest}", flush=True)
+        runs.append(parse(lines))
+
+    def mid(rows: list[dict[str, str]], key: str) -> float:
+        return median([float(r[key]) for r in rows])
+
+    peer_rows: dict[str, list[dict[str, str]]] = {}
+    for figures in runs:
+        for f in figures:
+            if f["figure"] == "peer_cycle":
+                peer_rows.setdefault(f["framework"], []).append(f)
+    for framework, rows in peer_rows.items():
+        extra = {"commits_per_cycle": rows[0]["commits_per_cycle"]} if "commits_per_cycle" in rows[0] else {}
+        figure(
+            "peer_cycle", framework=framework, version=rows[0]["version"], store=rows[0]["store"],
+            cycles=rows[0]["cycles"], processes=len(rows), median_ms=mid(rows, "median_ms"),
+            p95_ms=mid(rows, "p95_ms"), cpu_median_ms=mid(rows, "cpu_median_ms"), **extra,
+        )  # fmt: skip
+    ratios = [f for figures in runs for f in figures if f["figure"] == "cycle_vs_best_peer"]
+    if not ratios:
+        return
+    best = Counter(r["best_peer"] for r in ratios).most_common(1)[0][0]
+    ratio = mid(ratios, "ratio")
+    figure(
+        "cycle_vs_best_peer", nexo_db=ratios[0]["nexo_db"], processes=len(ratios),
+        nexo_median_ms=mid(ratios, "nexo_median_ms"), best_peer=best,
+        best_peer_median_ms=mid(ratios, "best_peer_median_ms"), ratio=ratio,
+        ratio_min=min(float(r["ratio"]) for r in ratios), ratio_max=max(float(r["ratio"]) for r in ratios),
+        cpu_ratio=mid(ratios, "cpu_ratio"),
+    )  # fmt: skip
+    print_verdict(ratios[0]["nexo_db"], best, fmt(ratio))
 
 
 if __name__ == "__main__":
