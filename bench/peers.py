@@ -31,7 +31,7 @@ each), so a burst of load on a shared machine falls on all of them alike.
 ``--processes N`` runs the whole comparison N times, each in a fresh process, one after the other,
 and reports the median of their figures beside the lowest and highest ratio: the ratio moves from
 one process to the next by more than the rounds inside one process can even out (on the 2-core
-machine of bench/README.md, 0.43 to 0.54 in 14 runs of the same code).
+machine of bench/README.md, 0.41 to 0.54 in 17 runs of one revision).
 """
 
 from __future__ import annotations
