@@ -198,10 +198,9 @@ def run_step(step: Step, quick: bool, env: dict[str, str], emit: Callable[[str],
 
 def settle(pg_url: str) -> None:
     """Put what the last step wrote on disk before the next step starts: a ``CHECKPOINT`` of the
-    shared PostgreSQL, then ``sync()``. Without it, the writeback of the inbox benchmarks' million
-    rows (up to ~100 MB/s for several seconds, seen with ``vmstat``) lands on the first fsyncs of
-    the next step. The peers' first process after the inbox step on PostgreSQL, run during it, gave
-    0.523 (nexo's commits write more pages than LangGraph's); the four after it 0.41 to 0.46."""
+    shared PostgreSQL, then ``sync()``, so one step's writeback does not land on the next step's
+    fsyncs (``vmstat`` showed up to ~100 MB/s of it for seconds after the inbox steps). In
+    ``make bench`` it then takes 0.0-0.2 s: most of it was written by the time the step ended."""
     import psycopg
 
     start = time.monotonic()
