@@ -57,6 +57,7 @@ from bench.common import (
     database_url,
     db_label,
     figure,
+    fmt,
     median,
     ms,
     note,
@@ -475,8 +476,6 @@ def main() -> None:
         # CPU alone: what is left when the fsyncs (slow and shared on a busy machine) are not counted.
         cpu_ratio=median(cpu[nexo.name]) / median(cpu[best.name]),
     )  # fmt: skip
-    from bench.common import fmt
-
     print_verdict(nexo.store, best.name, fmt(medians[nexo.name] / medians[best.name]))
     note(f"one process, frameworks in turn; load average {'/'.join(f'{v:.2f}' for v in os.getloadavg())}")
 
@@ -495,7 +494,6 @@ def in_processes(count: int) -> None:
     each process's figures (as ``peer_cycle_process`` and ``cycle_vs_best_peer_process``, with
     ``process=i``), then ``peer_cycle`` and ``cycle_vs_best_peer`` with the medians over the
     processes and the lowest and highest ratio."""
-    from bench.common import fmt
     from bench.targets import parse
 
     argv: list[str] = []  # this command's arguments without --processes

@@ -15,9 +15,9 @@ from typing import Any
 import django.db.models.deletion
 from django.db import migrations, models
 
-#: model → the name the index gets back if this migration is reversed
-TABLES = {"runevent": "nexo_event_run", "runmessage": "nexo_message_run", "toolcall": "nexo_call_run"}
-RELATED = {"runevent": "events", "runmessage": "messages", "toolcall": "tool_calls"}
+#: model → the foreign key's related_name, and the name its index gets back if this is reversed
+TABLES = {"runevent": ("events", "nexo_event_run"), "runmessage": ("messages", "nexo_message_run"),
+          "toolcall": ("tool_calls", "nexo_call_run")}
 
 
 def _run_field_indexes(schema_editor: Any, model: Any) -> list[str]:
@@ -39,7 +39,7 @@ def drop_run_indexes(apps: Any, schema_editor: Any) -> None:
 
 
 def recreate_run_indexes(apps: Any, schema_editor: Any) -> None:
-    for name, index in TABLES.items():
+    for name, (_, index) in TABLES.items():
         model = apps.get_model("nexo_django", name)
         if not _run_field_indexes(schema_editor, model):
             schema_editor.add_index(model, models.Index(fields=["run"], name=index))
@@ -61,7 +61,7 @@ class Migration(migrations.Migration):
                     field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE,
                                             related_name=related, to='nexo_django.agentrun'),
                 )
-                for name, related in RELATED.items()
+                for name, (related, _) in TABLES.items()
             ],
         ),
     ]
