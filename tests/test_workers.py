@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from nexo_django import dispatch
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
 from nexo_django.recovery import reconcile
 from tests.durable_agents import Bumper, Scribe, ThreeTurns, Tripper, count
@@ -57,6 +58,16 @@ def test_seed_example_denied_finishes_done_without_the_file(rq_worker: Any, tmp_
     run.resume(approved=False)
     wait_status(run, RunStatus.DONE)
     assert not (tmp_path / "notes.txt").exists()
+
+
+def wait_job_status(run: AgentRun, status: str) -> None:
+    """Wait until the run's current rq job has ``status`` (the worker marks a job failed a moment
+    after its work horse died)."""
+    def reached() -> bool:
+        fresh = AgentRun.objects.get(pk=run.pk)
+        return dispatch.job_status(fresh.pk, fresh.generation) == status
+
+    wait_until(reached, timeout=WAIT, what=f"the job of run {run.pk} to be {status}")
 
 
 def expire_lease(run: AgentRun) -> None:
@@ -116,7 +127,9 @@ def test_killed_before_a_tool_is_recovered_and_finishes_once(
     run.resume(approved=True)
     wait_until(lambda: (tmp_path / "crashed-once").exists(), timeout=WAIT, what="the crash")
     # The worker claims a resumed run in the commit that marks its call executing, after this
-    # point: the run is still queued, and its job failed when the work horse died.
+    # point: the run is still queued, and its job fails once the worker sees its work horse die.
+    # Until then the job is "started", and the reconciler would send a second job (no recovery).
+    wait_job_status(run, "failed")
     assert AgentRun.objects.get(pk=run.pk).status == RunStatus.QUEUED
     requeued = wait_until(lambda: reconcile(stale_after=0).requeued, timeout=WAIT, what="the recovery")
     assert requeued == [str(run.pk)]
@@ -168,8 +181,6 @@ def test_jobs_lost_with_redis_are_brought_back_from_the_database(
 
 
 def test_duplicate_jobs_for_one_run_execute_once(rq_worker: Any, counter: Path) -> None:
-    from nexo_django import dispatch
-
     rq_worker(2)
     run = wait_status(Bumper.run_later("bump"), RunStatus.SUSPENDED)
     run.resume(approved=True)
@@ -219,10 +230,6 @@ def test_killed_during_an_idempotent_call_never_asks_the_model_twice(
 def test_job_taken_by_a_worker_killed_before_the_claim_is_sent_again(
     rq_worker: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, worker_class: str
 ) -> None:
-    from rq.job import Job
-
-    from nexo_django import dispatch
-
     # The first job dies as soon as a worker starts it: the run is still queued, and its job
     # stays "started" (SimpleWorker: the worker died with it) or "failed" (Worker: the parent
     # saw its work horse die). Neither will ever claim the run.
@@ -231,14 +238,14 @@ def test_job_taken_by_a_worker_killed_before_the_claim_is_sent_again(
     workers = rq_worker(2, worker_class=worker_class)
     run = Scribe.run_later("Write 'hi'", cwd=tmp_path)
     wait_until(lambda: (tmp_path / "crashed-once").exists(), timeout=WAIT, what="the crash")
-    job = Job.fetch(dispatch.job_id(run.pk, run.generation), connection=dispatch.get_queue().connection)
-    wait_until(lambda: job.get_status(refresh=True) in ("started", "failed"), timeout=WAIT, what="the job to be taken")
+    simple = worker_class.endswith("SimpleWorker")
+    wait_job_status(run, "started" if simple else "failed")
     time.sleep(0.5)
     assert AgentRun.objects.get(pk=run.pk).status == RunStatus.QUEUED
     report = reconcile(stale_after=0)
     # SimpleWorker: the job stays "started" and is sent again; Worker: the job "failed" (its work
     # horse died), which counts as a recovery. Either way a new job id, and the run goes on.
-    expected = "resent" if worker_class.endswith("SimpleWorker") else "requeued"
+    expected = "resent" if simple else "requeued"
     assert getattr(report, expected) == [str(run.pk)]
     run = wait_status(run, RunStatus.SUSPENDED)
     assert run.generation == 2
