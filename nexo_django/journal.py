@@ -273,6 +273,15 @@ class DbJournal(Journal):
         for name, value in fields.items():
             setattr(self.run, name, value)
 
+    def _changed_workspace(self) -> dict[str, Any]:
+        """``{"workspace": ...}``: a virtual sandbox's files, to write if they differ from what the
+        run's row holds (``self.run`` mirrors it), so an unchanged tree is not written again."""
+        workspace = self.agent.workspace
+        if workspace.kind != "virtual":
+            return {}
+        spec = workspace.spec()
+        return {} if spec == self.run.workspace else {"workspace": spec}
+
     def _held(self) -> dict[str, Any]:
         """The lease fence: the compare-and-set every write of a held run goes through."""
         return {"id": self.run.pk, "lease_owner": self.token, "status": RunStatus.RUNNING}
@@ -347,8 +356,7 @@ class DbJournal(Journal):
             return
         # A virtual sandbox's files are saved with the result that changed them: a worker dying
         # before the run closes must not undo a write recorded as succeeded.
-        workspace = self.agent.workspace
-        saved: dict[str, Any] = {"workspace": workspace.spec()} if workspace.kind == "virtual" and tool and not tool.idempotent else {}
+        saved = self._changed_workspace() if tool and not tool.idempotent else {}
         now = timezone.now()
         batch, values = self._fenced(now, **saved)
         if row is not None and row.status not in (CallStatus.DENIED, CallStatus.EXPIRED):
@@ -398,14 +406,11 @@ class DbJournal(Journal):
         for m in self.messages:
             if m.get("role") == "assistant":
                 add_usage(usage, m.get("usage"))
-        workspace = self.agent.workspace
         now = timezone.now()
         values: dict[str, Any] = {
             "status": status, "lease_owner": None, "lease_expires_at": None,
-            "usage": usage, "updated_at": now, **fields,
+            "usage": usage, "updated_at": now, **self._changed_workspace(), **fields,
         }
-        if workspace.kind == "virtual":
-            values["workspace"] = workspace.spec()
         if status in (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED):
             values["finished_at"] = now
         batch = self._batch(now, values)

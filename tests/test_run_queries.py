@@ -51,6 +51,22 @@ def test_scripted_three_turn_run_query_budget() -> None:
     assert len(resume.captured_queries) <= 34
 
 
+def test_scripted_virtual_files_are_written_when_they_change_only() -> None:
+    """A virtual sandbox's tree goes with the result of the write that changed it; the closing
+    commit does not write it again (it would cost the whole tree at every end of a drive)."""
+    from nexo_django.models import AgentRun
+
+    column = connection.ops.quote_name(AgentRun._meta.get_field("workspace").column)
+    run = ThreeTurns.run("three")  # glob ran, the write waits for approval: nothing changed
+    with CaptureQueriesContext(connection) as resume:
+        run.resume(approved=True)
+    writes = [q["sql"] for q in resume.captured_queries if f"{column} = " in q["sql"]]
+    assert len(writes) == 1, writes
+    run.refresh_from_db()
+    assert run.status == "done", run.error
+    assert run.workspace["files"] == {"out.txt": "three"}
+
+
 def test_scripted_approval_cycle_costs_five_write_transactions() -> None:
     """start to suspended one; decision and wake one; claim and executing mark one; the result
     one; the final answer and done one (counted as bench/approval_cycle.py counts them)."""
