@@ -6,6 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from nexo_django.models import AgentRun
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.durable_agents import Bumper, ThreeTurns
 
@@ -54,8 +55,6 @@ def test_scripted_three_turn_run_query_budget() -> None:
 def test_scripted_virtual_files_are_written_when_they_change_only() -> None:
     """A virtual sandbox's tree goes with the result of the write that changed it; the closing
     commit does not write it again (it would cost the whole tree at every end of a drive)."""
-    from nexo_django.models import AgentRun
-
     column = connection.ops.quote_name(AgentRun._meta.get_field("workspace").column)
     run = ThreeTurns.run("three")  # glob ran, the write waits for approval: nothing changed
     with CaptureQueriesContext(connection) as resume:
