@@ -14,6 +14,7 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, ClassVar
 
 from .errors import (
@@ -42,6 +43,8 @@ class CallDecision:
     note: str = ""
     args: dict[str, Any] | None = None  # edited arguments, if any
     stop: bool = False  # deny and stop the run
+    #: who decided: "expiry" (nobody, in time), "rule" (a standing rule), or a person's channel
+    source: str = ""
 
     def verdict(self) -> Verdict:
         return Verdict(self.approved, self.note)
@@ -195,6 +198,47 @@ def _check_declared_permissions(cls: type) -> None:
         )
 
 
+class _FromSettings:
+    """``Agent.approval_timeout``'s default: ``NEXO["APPROVAL_TIMEOUT"]`` (read where the call
+    starts waiting, by the durable layer)."""
+
+    def __repr__(self) -> str:
+        return 'FROM_SETTINGS  # NEXO["APPROVAL_TIMEOUT"]'
+
+
+FROM_SETTINGS: Any = _FromSettings()
+ON_TIMEOUT = ("deny", "stop")
+
+
+def _check_approval_lifecycle(cls: type) -> None:
+    timeout = cls.__dict__.get("approval_timeout", FROM_SETTINGS)
+    if timeout is not FROM_SETTINGS and timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (timedelta, int, float)) or
+        (timeout.total_seconds() if isinstance(timeout, timedelta) else timeout) <= 0
+    ):
+        raise ConfigurationError(
+            f"{cls.__name__}.approval_timeout = {timeout!r}: give a positive timedelta or number of "
+            "seconds, or None for calls that wait forever"
+        )
+    on_timeout = cls.__dict__.get("on_timeout", "deny")
+    if on_timeout not in ON_TIMEOUT:
+        raise ConfigurationError(
+            f"{cls.__name__}.on_timeout = {on_timeout!r}: use 'deny' (the model is told and the run goes "
+            "on) or 'stop' (the run is cancelled)"
+        )
+
+
+def _denial(name: str, decision: CallDecision) -> str:
+    """What the model is told of a denied call: who (or what) denied it matters to what it does
+    next, so an expiry is never worded as a person's refusal."""
+    note = f": {decision.note}" if decision.note else ""
+    if decision.source == "expiry":
+        return f"{name} not run: its approval request expired without a decision (nobody approved or denied it){note}"
+    if decision.source == "rule":
+        return f"{name} denied by a standing rule{note}"
+    return f"{name} denied by the approver{note}"
+
+
 class Agent:
     """Declare an agent by subclassing; see docs/agents.md."""
 
@@ -207,10 +251,16 @@ class Agent:
     fetch_allow: ClassVar[list[str]] = []
     search_backend: ClassVar[Any] = None
     max_turns: ClassVar[int] = 25
+    #: How long a call waits for a person (timedelta or seconds; None: forever); by default
+    #: NEXO["APPROVAL_TIMEOUT"]. Then the reconciler expires it, as ``on_timeout`` says:
+    #: "deny" (the model is told it expired and the run goes on) or "stop" (the run is cancelled).
+    approval_timeout: ClassVar[Any] = FROM_SETTINGS
+    on_timeout: ClassVar[str] = "deny"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _check_declared_permissions(cls)
+        _check_approval_lifecycle(cls)
 
     def __init__(
         self,
@@ -402,7 +452,8 @@ class Agent:
         pending: list[PendingCall] = []
         decisions = [journal.decision_for(call) for call in calls]
         # Deny and stop on any call of the turn: no other call of it runs, even an approved one.
-        stop = any(d is not None and d.stop and not d.approved for d in decisions)
+        stopper = next((d for d in decisions if d is not None and d.stop and not d.approved), None)
+        stop = stopper is not None
         for call, decision in zip(calls, decisions, strict=True):
             tool = toolset.get(call["name"])
             journal.emit("tool_call", {"id": call["id"], "name": call["name"]})
@@ -411,8 +462,7 @@ class Agent:
             elif tool is None:
                 result = error(f"unknown tool {call['name']!r}; available: {', '.join(sorted(toolset))}")
             elif decision is not None and not decision.approved:
-                note = f": {decision.note}" if decision.note else ""
-                result = error(f"{call['name']} denied by the approver{note}")
+                result = error(_denial(call["name"], decision))
             elif stop:
                 result = error(f"{call['name']} not run: the approver stopped the run")
             else:
@@ -437,9 +487,10 @@ class Agent:
                         raise
             journal.call_finished(call, tool, result)
             journal.emit("tool_result", {"id": call["id"], "name": call["name"], "error": "error" in result})
-        if stop:
-            journal.emit("stopped", {})
-            return Outcome("stopped")
+        if stopper is not None:
+            journal.emit("stopped", {"source": stopper.source} if stopper.source else {})
+            reason = "stopped: a call's approval request expired without a decision" if stopper.source == "expiry" else None
+            return Outcome("stopped", content=reason)
         if pending:
             journal.suspend(pending)
             journal.emit("suspended", {"pending": [p.id for p in pending]})

@@ -31,6 +31,14 @@ DEFAULTS: dict[str, Any] = {
     "JOB_TIMEOUT": 1800,
     # Characters of a tool result kept in a RunEvent (the transcript keeps the result itself).
     "EVENT_MAX_CHARS": 2000,
+    # How long a call waits for a person before the reconciler expires it (denied, source
+    # "expiry"): a timedelta or seconds; None waits forever. Agent.approval_timeout overrides it.
+    "APPROVAL_TIMEOUT": 7 * 24 * 3600,
+    # Whether the user who started a run may decide its calls; False asks for a second person.
+    "SELF_APPROVAL": True,
+    # Emails to the people who may decide: {"EMAIL": bool, "SITE_URL": "https://...",
+    # "REMIND_AFTER": seconds or None}. Missing keys take the defaults in nexo_django.notify.
+    "NOTIFY": {},
 }
 
 

@@ -95,6 +95,10 @@ class AlreadyDecided(TransitionError):
     """The call was decided already (a second approver, a double click, a replayed post)."""
 
 
+class ApprovalExpired(AlreadyDecided):
+    """The call's approval request expired without a decision; it can no longer be decided."""
+
+
 class StaleDecision(TransitionError):
     """The decision was made on arguments that are not the ones stored (a stale page)."""
 

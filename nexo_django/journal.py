@@ -23,6 +23,7 @@ from . import sql
 from .agent import CallDecision, Journal, open_calls
 from .conf import nexo_settings
 from .errors import LeaseLost, PendingCall, SecurityError, ToolArgumentError
+from .expiry import deadline
 from .llm.base import Message, add_usage
 from .models import (
     EVENT_COLUMNS,
@@ -305,7 +306,7 @@ class DbJournal(Journal):
         decision = getattr(row, "decision", None)
         if decision is None:
             return None
-        return CallDecision(decision.approved, decision.note, decision.args, decision.stop)
+        return CallDecision(decision.approved, decision.note, decision.args, decision.stop, decision.source)
 
     def _same_call(self, row: ToolCall, call: dict[str, Any]) -> bool:
         """Whether ``row`` was stored for ``call``: same name, and a digest of its arguments as the
@@ -381,6 +382,7 @@ class DbJournal(Journal):
         the run suspended, so no decision can land while the run still says running."""
         self._reset = []
         self.new_pending = []
+        expires_at = deadline(type(self.agent), timezone.now())
         for p in pending:
             row = self.calls.get(p.id)
             if row is not None:
@@ -394,7 +396,7 @@ class DbJournal(Journal):
                     run_id=self.run.pk, agent=self.run.agent, tool_call_id=p.id, name=p.name,
                     capability=p.capability,
                     args=p.args, digest=args_digest(p.args), status=CallStatus.PENDING_APPROVAL,
-                    idempotent=bool(tool and tool.idempotent),
+                    idempotent=bool(tool and tool.idempotent), expires_at=expires_at,
                 )
             )
 

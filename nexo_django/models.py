@@ -236,6 +236,11 @@ class ToolCall(models.Model):
     result = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    #: When a call waiting for a person is expired by the reconciler (None: it waits forever).
+    expires_at = models.DateTimeField(null=True, blank=True)
+    #: When the approvers were emailed about it, and reminded (claimed by a compare-and-set).
+    notified_at = models.DateTimeField(null=True, blank=True)
+    reminded_at = models.DateTimeField(null=True, blank=True)
 
     objects = ToolCallManager()
 
@@ -251,6 +256,8 @@ class ToolCall(models.Model):
             models.Index(fields=["status", "name"], name="nexo_call_status_name"),
             # The reconciler's look at calls that changed lately (not at every suspended run).
             models.Index(fields=["updated_at"], name="nexo_call_updated"),
+            # The reconciler's look at overdue calls.
+            models.Index(fields=["status", "expires_at"], name="nexo_call_status_expires"),
         ]
         permissions = [("decide_toolcall", "Can approve or deny pending tool calls")]
 
@@ -284,6 +291,39 @@ class ToolCall(models.Model):
         resolve_unknown(self, by=by, rerun=rerun, note=note)
 
 
+class ApprovalRule(models.Model):
+    """A standing decision: calls that would wait for a person and match it are decided at once
+    (``Decision(source="rule", rule=...)``). It never widens the gate: calls the gate allows or
+    denies on its own never reach it. Matching: :mod:`nexo_django.rules`."""
+
+    agent = models.CharField(max_length=255, blank=True, default="",
+                             help_text='Dotted path of the Agent class; empty: any agent.')
+    tool = models.CharField(max_length=200, help_text="Exact tool name (MCP tools by their qualified name).")
+    path = models.CharField(
+        max_length=1000, blank=True, default="",
+        help_text="read/write: an fnmatch pattern on the /-rooted path (e.g. /notes/*); empty: any path. "
+        "shell: the whole command, matched exactly (never a prefix). Other tools: leave empty.",
+    )
+    verdict = models.CharField(max_length=10, choices=Verdict.choices, default=Verdict.APPROVED)
+    enabled = models.BooleanField(default=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="After this the rule decides nothing.")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    note = models.TextField(blank=True, default="", help_text="Why; kept with each decision it makes.")
+
+    class Meta:
+        ordering = ["tool", "agent", "path", "id"]
+        indexes = [models.Index(fields=["enabled", "tool"], name="nexo_rule_enabled_tool")]
+
+    def __str__(self) -> str:
+        from .display import mark_hidden
+
+        where = f" {self.path}" if self.path else ""
+        return mark_hidden(f"{self.verdict} {self.tool}{where} for {self.agent.rsplit('.', 1)[-1] or 'any agent'}")
+
+
 class Decision(models.Model):
     """Immutable: who decided what, when, on which digest."""
 
@@ -298,6 +338,8 @@ class Decision(models.Model):
     )
     decided_at = models.DateTimeField(auto_now_add=True)
     source = models.CharField(max_length=20, default="api")
+    #: The standing rule that made it (source "rule"); a rule that decided something is kept.
+    rule = models.ForeignKey(ApprovalRule, null=True, blank=True, on_delete=models.PROTECT, related_name="decisions")
 
     class Meta:
         ordering = ["decided_at", "id"]

@@ -16,8 +16,9 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
-from . import dispatch
+from . import dispatch, notify
 from .conf import nexo_settings
+from .expiry import expire_overdue
 from .models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall
 from .runs import transition, wake
 
@@ -33,14 +34,20 @@ class Report:
     needs_attention: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     resent: list[str] = field(default_factory=list)
+    #: the run of each call expired without a decision, and the notices and reminders emailed
+    expired: list[str] = field(default_factory=list)
+    notified: int = 0
+    reminded: int = 0
     #: Problems a person must fix, e.g. no worker listening on the run queue.
     warnings: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"requeued={len(self.requeued)} needs_attention={len(self.needs_attention)} "
             f"failed={len(self.failed)} resent={len(self.resent)}"
         )
+        lifecycle = {"expired": len(self.expired), "notified": self.notified, "reminded": self.reminded}
+        return " ".join([text, *(f"{k}={v}" for k, v in lifecycle.items() if v)])
 
 
 #: The suspended runs a round looks at are those with a call that changed this recently (at least
@@ -54,18 +61,22 @@ def reconcile(
 ) -> Report:
     """Recover runs whose worker died (expired lease), whose job will never claim them (queued,
     and their job is not waiting in Redis: lost, taken by a killed worker, failed), or that were
-    left suspended with nothing pending. A round reads only the runs that may need it (indexed),
+    left suspended with nothing pending; expire calls past their approval deadline; email the
+    notices and reminders due (``NEXO["NOTIFY"]``). A round reads only the runs that may need it (indexed),
     so its cost does not grow with the number of suspended or finished runs."""
     now = now or timezone.now()
     report = Report()
     expired = AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).order_by()
     for run in expired:
         _recover_expired(run, now, report)
+    # Calls past their deadline are expired (a decision each: their runs wake as decisions do).
+    report.expired = expire_overdue(now)
+    report.notified, report.reminded = notify.reconcile_notices(now)
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
     _resend_lost_jobs(now - grace, report)
     _wake_forgotten(None if full else now - max(RECENT, 10 * grace), report)
     _warn_if_nobody_listens(report, now)
-    if report.requeued or report.needs_attention or report.failed or report.resent:
+    if report.requeued or report.needs_attention or report.failed or report.resent or report.expired:
         log.info("reconcile: %s", report)
     return report
 

@@ -14,15 +14,17 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import dispatch, sql
+from . import dispatch, notify, rules, sql
 from .conf import nexo_settings
 from .errors import (
     AlreadyDecided,
+    ApprovalExpired,
     ConfigurationError,
     Denied,
     InvalidEditedArguments,
@@ -38,6 +40,7 @@ from .models import (
     EVENT_COLUMNS,
     MESSAGE_COLUMNS,
     AgentRun,
+    ApprovalRule,
     CallStatus,
     Decision,
     RunEvent,
@@ -287,18 +290,46 @@ def _drive(
     if outcome.kind == "done":
         new, fields = RunStatus.DONE, {"result": outcome.content}
     elif outcome.kind == "stopped":
-        new, fields = RunStatus.CANCELLED, {"error": "stopped by the approver"}
+        new, fields = RunStatus.CANCELLED, {"error": outcome.content or "stopped by the approver"}
     else:
         new, fields = RunStatus.SUSPENDED, {}
     if not journal.close(new, **fields):
         return "lease lost"
     _status_changed(run_id, RunStatus.RUNNING, new)
     if new == RunStatus.SUSPENDED:
-        new_pending = journal.new_pending
-        transaction.on_commit(lambda: _send_requested(new_pending, run))
+        # Standing rules decide what they match at once (a decision each, through decide());
+        # only what is left waits for a person, and only that is announced.
+        new_pending = _apply_rules(run, journal.new_pending)
+        if new_pending:
+            transaction.on_commit(lambda: _send_requested(new_pending, run))
+            notify.on_suspended(run, new_pending)
+        if len(new_pending) < len(journal.new_pending):
+            # The rules' decisions may have woken the run (an inline queue ran it already).
+            sql.refresh(run)
+            if run.is_terminal:
+                _LIVE_OPTIONS.pop(str(run_id), None)
+            return str(run.status)
     else:
         _LIVE_OPTIONS.pop(str(run_id), None)
     return str(new)
+
+
+def _apply_rules(run: AgentRun, calls: list[ToolCall]) -> list[ToolCall]:
+    """Decide the calls a standing rule matches; the calls left waiting for a person."""
+    if not calls:
+        return calls
+    chosen = rules.choose(calls, run.agent, timezone.now())
+    if not chosen:
+        return calls
+    left: list[ToolCall] = []
+    for call in calls:
+        rule = chosen.get(call.pk)
+        if rule is None:
+            left.append(call)
+            continue
+        with contextlib.suppress(AlreadyDecided):  # a person was faster: theirs stands
+            decide(call, approved=rule.verdict == Verdict.APPROVED, note=rule.note, source="rule", rule=rule)
+    return left
 
 
 def _send_requested(calls: list[ToolCall], run: AgentRun) -> None:
@@ -338,20 +369,33 @@ def check_edited_args(run: AgentRun, call: ToolCall, args: Any) -> None:
 
 def decide(
     call: ToolCall, *, approved: bool, by: Any = None, note: str = "", args: dict[str, Any] | None = None,
-    stop: bool = False, digest: str | None = None, source: str = "api",
+    stop: bool = False, digest: str | None = None, source: str = "api", rule: ApprovalRule | None = None,
 ) -> Decision:
-    """Record one decision, exactly once, and wake the run when it was the last pending call."""
+    """Record one decision, exactly once, and wake the run when it was the last pending call.
+    ``source="expiry"`` is the reconciler's (nobody decided in time); ``rule`` the standing rule
+    that made it. With ``NEXO["SELF_APPROVAL"]`` off the run's starter is refused
+    (``PermissionDenied``, nothing recorded)."""
     if args is not None and not approved:
         raise InvalidEditedArguments("edited arguments go with an approval, not a denial")
     gone = f"run {call.run_id} of {call.name} call {call.tool_call_id} no longer exists"
+    now = timezone.now()
+    if source != "expiry":
+        # A request past its deadline is the reconciler's to expire, never a person's to approve.
+        if call.expires_at is not None and call.expires_at <= now:
+            raise ApprovalExpired(
+                f"{call.name} call {call.tool_call_id} expired at {call.expires_at.isoformat(' ', 'seconds')} "
+                "without a decision; it can no longer be decided"
+            )
+        if _user(by) is not None and not nexo_settings.SELF_APPROVAL:
+            check_not_requester(call, _user(by))
     if args is not None:
         run = sql.get(AgentRun, id=call.run_id)
         if run is None:
             raise AgentRun.DoesNotExist(gone)
         check_edited_args(run, call, args)
     verdict = Verdict.APPROVED if approved else Verdict.DENIED
-    status = CallStatus.APPROVED if approved else CallStatus.DENIED
-    now = timezone.now()
+    # An expired call is told apart from a denied one in every list and count.
+    status = CallStatus.APPROVED if approved else CallStatus.EXPIRED if source == "expiry" else CallStatus.DENIED
     # One batch, one statement on PostgreSQL: the compare-and-set is its gate (still pending, and
     # if given the digest the person saw); then the decision, its event, and the wake-up if no
     # other call of the run is still pending.
@@ -363,11 +407,14 @@ def decide(
     decision = Decision(
         tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
         digest=args_digest(args) if args is not None else call.digest,
-        decided_by=_user(by), source=source,
+        decided_by=_user(by), source=source, rule=rule,
     )
     batch.create([decision])
     event = {"call": call.tool_call_id, "verdict": str(verdict), "edited": args is not None,
              "by": str(_user(by) or ""), "source": source}  # fmt: skip
+    if rule is not None:
+        event["rule"] = rule.pk
+    kind = "expired" if source == "expiry" else "decision"
     run_id = call.run_id
     if stop and not approved:
         # Deny and stop ends the run now: no other call of it runs, decided or not.
@@ -375,17 +422,20 @@ def decide(
             expired = ToolCall.objects.filter(
                 run_id=run_id, status__in=(CallStatus.PENDING_APPROVAL, CallStatus.APPROVED)
             ).update(status=CallStatus.EXPIRED, updated_at=now)
-            _event(run_id, "decision", **event, **({"expired": expired} if expired else {}))
+            _event(run_id, kind, **event, **({"expired": expired} if expired else {}))
 
         batch.call(expire)
     else:
-        batch.insert(RunEvent, EVENT_COLUMNS, [(run_id, "decision", event, now)])
+        batch.insert(RunEvent, EVENT_COLUMNS, [(run_id, kind, event, now)])
     pending = CallStatus.PENDING_APPROVAL
     woken = batch.requeue(run_id, RunStatus.SUSPENDED, RunStatus.QUEUED, now, unless_pending=pending, besides=call.pk)
     if not batch.run():
         current = ToolCall.objects.filter(pk=call.pk).first()
         if current is None:
             raise AgentRun.DoesNotExist(gone)
+        if current.status == CallStatus.EXPIRED and source != "expiry":
+            raise ApprovalExpired(f"{current.name} call {current.tool_call_id} expired without a decision; "
+                                  "it can no longer be decided")
         if current.status != CallStatus.PENDING_APPROVAL:
             raise AlreadyDecided(f"{current.name} call {current.tool_call_id} was already decided ({current.status})")
         raise StaleDecision(
@@ -404,6 +454,17 @@ def decide(
         dispatch.enqueue_run(run_id, generation)
     transaction.on_commit(lambda: approval_decided.send(sender=ToolCall, tool_call=call, decision=decision))
     return decision
+
+
+def check_not_requester(call: ToolCall, user: Any) -> None:
+    """``PermissionDenied`` if ``user`` started the call's run (with self-approval off, a second
+    person decides)."""
+    run = call.run  # cached on calls read through run.pending_calls()
+    if run.created_by_id is not None and run.created_by_id == user.pk:
+        raise PermissionDenied(
+            f"{user} started this run and cannot decide its calls: NEXO['SELF_APPROVAL'] is off, "
+            "so another person with the decide permission must"
+        )
 
 
 def wake(run: AgentRun, old: str, *conditions: Any, unless_pending: bool = False) -> bool:

@@ -1,0 +1,104 @@
+"""Approval requests end: a call waits for a person until its deadline, then the reconciler
+expires it.
+
+The deadline is set when the call starts waiting (``ToolCall.expires_at``, from the agent's
+``approval_timeout`` or ``NEXO["APPROVAL_TIMEOUT"]``). An expiry is a decision like any other,
+recorded through :func:`nexo_django.runs.decide` (so exactly once, whoever else decides at the same
+moment): ``verdict="denied"``, ``source="expiry"``, nobody's; the call's status is ``expired``, and
+the model is told that nobody decided (not that a person refused). ``on_timeout = "stop"`` cancels
+the run instead of letting it go on.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from .agent import FROM_SETTINGS, ON_TIMEOUT
+from .conf import nexo_settings
+from .errors import AlreadyDecided, ConfigurationError
+from .models import AgentRun, CallStatus, ToolCall
+from .runs import decide
+
+log = logging.getLogger("nexo_django.expiry")
+
+#: calls expired per query of a round (a round goes on until none is overdue)
+BATCH = 200
+
+
+def as_timedelta(value: Any, where: str) -> timedelta | None:
+    """``value`` (a timedelta, seconds, or None) as a timedelta; ``ConfigurationError`` naming
+    ``where`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta) and value > timedelta(0):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return timedelta(seconds=value)
+    raise ConfigurationError(
+        f"{where} = {value!r}: give a positive timedelta or number of seconds, or None for calls that wait forever"
+    )
+
+
+def timeout_of(agent_cls: type) -> timedelta | None:
+    """How long a call of ``agent_cls`` waits for a person (None: forever)."""
+    declared = getattr(agent_cls, "approval_timeout", FROM_SETTINGS)
+    if declared is FROM_SETTINGS:
+        return as_timedelta(nexo_settings.APPROVAL_TIMEOUT, 'NEXO["APPROVAL_TIMEOUT"]')
+    return as_timedelta(declared, f"{agent_cls.__name__}.approval_timeout")
+
+
+def deadline(agent_cls: type, now: datetime) -> datetime | None:
+    timeout = timeout_of(agent_cls)
+    return None if timeout is None else now + timeout
+
+
+def on_timeout_of(agent_path: str) -> str:
+    """The agent's ``on_timeout``; "deny" when the class cannot be imported any more (the safe
+    choice: the call is not run, and the model hears why)."""
+    try:
+        value = getattr(import_string(agent_path), "on_timeout", "deny")
+    except ImportError:
+        log.warning("expiry: cannot import %s; its expired calls are denied", agent_path)
+        return "deny"
+    return value if value in ON_TIMEOUT else "deny"
+
+
+def _waited(call: ToolCall) -> str:
+    if call.expires_at is None:
+        return ""
+    seconds = int((call.expires_at - call.created_at).total_seconds())
+    days, rest = divmod(max(seconds, 0), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    parts = [f"{n} {unit}{'s' if n != 1 else ''}" for n, unit in
+             ((days, "day"), (hours, "hour"), (minutes, "minute"), (seconds, "second")) if n]
+    return " within " + ", ".join(parts[:2]) if parts else ""
+
+
+def expire_overdue(now: datetime) -> list[str]:
+    """Expire every call still waiting at ``now`` past its deadline; the ids of their runs (one
+    per call expired, in order). Safe on several machines at once: each expiry is ``decide()``'s
+    compare-and-set, and a call someone decided meanwhile is left as they decided it."""
+    expired: list[str] = []
+    policies: dict[str, str] = {}
+    seen: set[int] = set()
+    while True:
+        overdue = list(
+            ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL, expires_at__lte=now)
+            .exclude(pk__in=seen).select_related("run").order_by("expires_at", "id")[:BATCH]
+        )
+        if not overdue:
+            return expired
+        for call in overdue:
+            seen.add(call.pk)
+            stop = policies.setdefault(call.agent or call.run.agent, on_timeout_of(call.agent or call.run.agent)) == "stop"
+            note = f"expired: nobody decided{_waited(call)}" + ("; the run is stopped" if stop else "")
+            try:
+                decide(call, approved=False, stop=stop, note=note, source="expiry")
+            except (AlreadyDecided, AgentRun.DoesNotExist):
+                continue  # decided (or gone) since it was read: as they left it
+            expired.append(str(call.run_id))

@@ -1,0 +1,188 @@
+"""Reaching the approvers: an email when calls start waiting, one reminder, never twice.
+
+``NEXO["NOTIFY"] = {"EMAIL": True, "SITE_URL": "https://ops.example.com", "REMIND_AFTER": 3600}``.
+When a run suspends, every active user who may decide (``nexo_django.decide_toolcall`` directly,
+through a group, or as a superuser) and has an email address gets one email through Django's mail
+framework: the agent, the run's prompt, each waiting call's tool and arguments (shortened, hidden
+characters shown, HTML escaped), its deadline and the absolute link to its decision page. Opening
+the link decides nothing (mail scanners open links): the page needs a login, and only its POST
+buttons decide. With ``SELF_APPROVAL`` off the person who started the run is not asked.
+
+Exactly one notice per call, and one reminder: each is claimed first by a compare-and-set on the
+call's row (``notified_at`` / ``reminded_at`` from NULL), so a worker and any number of reconcilers
+on any number of machines send it once. The claim comes before the send: should the process die in
+between, that notice is lost (the inbox still lists the call); a send that fails gives the claim
+back so the next reconciler round tries again.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.core.mail import EmailMultiAlternatives, get_connection
+from django.db import transaction
+from django.db.models import Q
+from django.urls import reverse
+from django.utils import timezone
+
+from .conf import nexo_settings
+from .display import mark_hidden
+from .models import AgentRun, CallStatus, ToolCall
+
+log = logging.getLogger("nexo_django.notify")
+
+DEFAULTS: dict[str, Any] = {"EMAIL": False, "SITE_URL": "", "REMIND_AFTER": None}
+#: characters of a call's arguments and of the prompt shown in an email
+ARGS_CHARS = 300
+PROMPT_CHARS = 500
+#: a call the worker just suspended is left to that worker's own notice this long
+GRACE = timedelta(seconds=60)
+
+
+def options() -> dict[str, Any]:
+    given = nexo_settings.NOTIFY
+    return {**DEFAULTS, **(given if isinstance(given, dict) else {})}
+
+
+def enabled() -> bool:
+    return bool(options()["EMAIL"])
+
+
+def approvers(run: AgentRun) -> list[Any]:
+    """The active users with an email address who may decide ``run``'s calls."""
+    user_model = get_user_model()
+    email_field = user_model.get_email_field_name()
+    perm = Permission.objects.filter(codename="decide_toolcall", content_type__app_label="nexo_django").first()
+    may = Q(is_superuser=True)
+    if perm is not None:
+        may |= Q(user_permissions=perm) | Q(groups__permissions=perm)
+    users = user_model._default_manager.filter(may, is_active=True).exclude(**{email_field: ""}).exclude(
+        **{f"{email_field}__isnull": True}
+    ).distinct().order_by("pk")
+    if not nexo_settings.SELF_APPROVAL and run.created_by_id is not None:
+        users = users.exclude(pk=run.created_by_id)
+    return list(users)
+
+
+def decision_url(call: ToolCall) -> str:
+    site = str(options()["SITE_URL"]).rstrip("/")
+    return site + reverse("admin:nexo_django_pendingapproval_change", args=[call.pk])
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(mark_hidden(text).split())
+
+
+def _deadline(at: datetime | None) -> str:
+    return "none (it waits until someone decides)" if at is None else at.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def message_parts(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> tuple[str, str, str]:
+    """Subject, plain text and HTML of the notice. Model-produced text (prompt, tool names,
+    arguments) is shortened, its hidden and direction-changing characters shown as markers, and
+    HTML-escaped in both parts, so it cannot pass for the email's own lines or links."""
+    agent = _one_line(run.agent_name)
+    lead = "Reminder: " if reminder else ""
+    subject = _short(f"{lead}{agent} run {str(run.pk)[:8]} waits for your approval ({len(calls)} call"
+                     f"{'s' if len(calls) != 1 else ''})", 150)
+    prompt = html.escape(_short(mark_hidden(run.prompt, keep="\n"), PROMPT_CHARS))
+    lines = [
+        f"{lead}{agent} ({html.escape(_one_line(run.agent))}) waits for a decision.",
+        "",
+        "Prompt:",
+        *(f"  {line}" for line in prompt.splitlines() or [""]),
+        "",
+    ]
+    items = []
+    for index, call in enumerate(calls, 1):
+        name = html.escape(_one_line(call.name))
+        args = html.escape(_short(mark_hidden(json.dumps(call.args, ensure_ascii=False, default=str)), ARGS_CHARS))
+        url = decision_url(call)
+        lines += [f"{index}. {name} {args}", f"   Deadline: {_deadline(call.expires_at)}", f"   Decide: {url}", ""]
+        items.append(
+            f"<li><strong>{name}</strong> <code>{args}</code><br>Deadline: {_deadline(call.expires_at)}<br>"
+            f'<a href="{html.escape(url)}">Open the decision page</a></li>'
+        )
+    lines.append("The link opens the call's page; nothing is decided until you press a button there.")
+    text = "\n".join(lines)
+    body = (
+        f"<p>{lines[0]}</p><p>Prompt:</p><pre>{prompt}</pre><ol>{''.join(items)}</ol>"
+        "<p>The link opens the call's page; nothing is decided until you press a button there.</p>"
+    )
+    return subject, text, body
+
+
+def _claim(calls: Iterable[ToolCall], field: str, now: datetime) -> list[ToolCall]:
+    """The calls whose notice this process takes: a compare-and-set each, from NULL."""
+    return [
+        c for c in calls
+        if ToolCall.objects.filter(pk=c.pk, status=CallStatus.PENDING_APPROVAL, **{field: None}).update(**{field: now})
+    ]  # fmt: skip
+
+
+def send(run: AgentRun, calls: list[ToolCall], *, reminder: bool = False, now: datetime | None = None) -> int:
+    """Claim and send the notice (or reminder) of ``calls`` of ``run``; the emails sent."""
+    field = "reminded_at" if reminder else "notified_at"
+    now = now or timezone.now()
+    claimed = _claim(calls, field, now)
+    if not claimed:
+        return 0
+    recipients = approvers(run)
+    email_field = get_user_model().get_email_field_name()
+    subject, text, body = message_parts(run, claimed, reminder=reminder)
+    sent = 0
+    try:
+        with get_connection() as connection:
+            for user in recipients:
+                message = EmailMultiAlternatives(subject, text, to=[getattr(user, email_field)], connection=connection)
+                message.attach_alternative(body, "text/html")
+                sent += message.send()
+    except Exception:  # a mail server down must not fail the run or the reconciler round
+        log.exception("notify: sending the %s of run %s failed", "reminder" if reminder else "notice", run.pk)
+        if not sent:  # nobody got it: give the claim back, the next reconciler round retries
+            ToolCall.objects.filter(pk__in=[c.pk for c in claimed], **{field: now}).update(**{field: None})
+    return sent
+
+
+def on_suspended(run: AgentRun, calls: list[ToolCall]) -> None:
+    """Send the notice of a run that just suspended, once its transaction commits."""
+    if not calls or not enabled():
+        return
+    transaction.on_commit(lambda: send(run, calls))
+
+
+def reconcile_notices(now: datetime) -> tuple[int, int]:
+    """The reconciler's part: notices nobody sent yet (a worker died, or the mail server was
+    down), and reminders due. Returns (notices, reminders) sent."""
+    if not enabled():
+        return 0, 0
+    pending = ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL).select_related("run").order_by("created_at", "id")
+    notices = _by_run(pending.filter(notified_at__isnull=True, created_at__lte=now - GRACE))
+    notified = sum(send(run, calls, now=now) for run, calls in notices)
+    reminded = 0
+    after = options()["REMIND_AFTER"]
+    if after is not None:
+        due = pending.filter(reminded_at__isnull=True, notified_at__lte=now - timedelta(seconds=float(after)))
+        reminded = sum(send(run, calls, reminder=True, now=now) for run, calls in _by_run(due))
+    return notified, reminded
+
+
+def _by_run(calls: Iterable[ToolCall]) -> list[tuple[AgentRun, list[ToolCall]]]:
+    grouped: dict[Any, list[ToolCall]] = defaultdict(list)
+    runs: dict[Any, AgentRun] = {}
+    for call in calls:
+        grouped[call.run_id].append(call)
+        runs[call.run_id] = call.run
+    return [(runs[run_id], grouped[run_id]) for run_id in grouped]

@@ -1,0 +1,108 @@
+"""Standing rules: which :class:`~nexo_django.models.ApprovalRule` decides a call that would wait
+for a person.
+
+A rule only ever sees calls the gate left undecided (``approve`` mode, not pre-approved): a call
+the gate allows or denies on its own never gets here, so a rule cannot widen what the gate allows.
+Matching, for an enabled rule whose ``expires_at`` has not passed:
+
+- ``agent``: the run's Agent class path exactly, or ``""`` for any agent;
+- ``tool``: the tool name exactly (case-sensitive, MCP qualified names too);
+- ``path``: for ``read``/``write``, an ``fnmatch`` pattern (case-sensitive) on the normalised,
+  ``/``-rooted path the gate sees (``notes/./a.txt`` is ``/notes/a.txt``), ``""`` for any path;
+  for ``shell``, the whole command, compared exactly: never a prefix or a pattern (``git status``
+  does not match ``git status; curl evil``), and a shell rule with no command matches nothing;
+  for any other tool the rule must leave it empty.
+
+When several rules match, ``denied`` beats ``approved`` (then the oldest rule).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+from . import sql
+from .errors import SecurityError
+from .models import ApprovalRule, ToolCall, Verdict
+from .sandboxes.base import normalize_relative
+
+PATH_CAPABILITIES = frozenset({"read", "write"})
+
+
+def gate_path(capability: str, args: Any) -> str | None:
+    """The ``/``-rooted path a path tool's call names, as the gate sees it; None for other calls
+    (and for a path the sandbox refuses: no rule decides a call that fails when it runs)."""
+    if capability not in PATH_CAPABILITIES or not isinstance(args, dict) or not isinstance(args.get("path"), str):
+        return None
+    try:
+        return "/" + normalize_relative(args["path"])
+    except SecurityError:
+        return None
+
+
+def matches(rule: ApprovalRule, call: ToolCall, agent: str, now: datetime) -> bool:
+    if not rule.enabled or (rule.expires_at is not None and rule.expires_at <= now):
+        return False
+    if rule.tool != call.name or rule.agent not in ("", agent):
+        return False
+    if call.capability == "shell":
+        command = call.args.get("command") if isinstance(call.args, dict) else None
+        return bool(rule.path) and isinstance(command, str) and rule.path == command
+    if call.capability in PATH_CAPABILITIES:
+        if not rule.path:
+            return True
+        path = gate_path(call.capability, call.args)
+        return path is not None and fnmatch.fnmatchcase(path, rule.path)
+    return not rule.path
+
+
+def choose(calls: Iterable[ToolCall], agent: str, now: datetime) -> dict[int, ApprovalRule]:
+    """The rule that decides each call that has one, by call pk. One query per tool named."""
+    calls = list(calls)
+    candidates: list[ApprovalRule] = []
+    for tool in sorted({c.name for c in calls}):
+        candidates += sql.select(ApprovalRule, enabled=True, tool=tool)
+    if not candidates:
+        return {}
+    chosen: dict[int, ApprovalRule] = {}
+    for call in calls:
+        found = sorted(
+            (r for r in candidates if matches(r, call, agent, now)),
+            key=lambda r: (r.verdict != Verdict.DENIED, r.pk),
+        )
+        if found:
+            chosen[call.pk] = found[0]
+    return chosen
+
+
+def suggested_path(call: ToolCall) -> str:
+    """What the decision page offers for "always allow": the call's folder (``/notes/*``), the
+    exact command of a shell call, nothing for other tools."""
+    if call.capability == "shell":
+        command = call.args.get("command") if isinstance(call.args, dict) else None
+        return command if isinstance(command, str) else ""
+    path = gate_path(call.capability, call.args)
+    if path is None:
+        return ""
+    folder = path.rsplit("/", 1)[0]
+    return f"{folder}/*" if folder else path
+
+
+def validate(tool: str, capability: str, path: str) -> None:
+    """``ValidationError`` for a rule that could never match as written."""
+    if capability == "shell" and not path:
+        raise ValidationError({"path": "A shell rule names the whole command it allows or denies, exactly; "
+                                       "an empty one would match nothing."})
+    if capability in PATH_CAPABILITIES and path and not path.startswith(("/", "*")):
+        raise ValidationError({"path": f"Paths are matched /-rooted: write /{path} (or a pattern like /notes/*)."})
+    if capability not in PATH_CAPABILITIES and capability != "shell" and path:
+        raise ValidationError({"path": f"{tool} has no path to match; leave it empty."})
+
+
+def capability_of(tool: str) -> str:
+    """The capability of a built-in tool name (others: their own name, matched without a path)."""
+    return {"read": "read", "write": "write", "shell": "shell"}.get(tool, tool)
