@@ -17,7 +17,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.utils.html import format_html
@@ -25,9 +25,10 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.views.decorators.clickjacking import xframe_options_deny
 
-from . import admin_views, runs
+from . import admin_rules, admin_views, audit, runs
 from .admin_forms import DecisionForm
 from .admin_preview import CallPreview, call_preview
+from .conf import nexo_settings
 from .display import mark_hidden, preview, reveal
 from .models import (
     AgentRun,
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
 
 DECIDE_PERMISSION = "nexo_django.decide_toolcall"
+#: registered on import, beside the inbox (rules are decisions made ahead of time)
+ApprovalRuleAdmin = admin_rules.ApprovalRuleAdmin
 
 
 # --- filters ---------------------------------------------------------------------------------------
@@ -196,7 +199,7 @@ def _started_by(run: AgentRun) -> str:
 @admin.register(PendingApproval)
 class PendingApprovalAdmin(NexoModelAdmin):
     # The arguments come right after the tool so they stay on screen at 1280 px, sidebar open.
-    list_display = ("requested", "tool", "arguments", "run_column")
+    list_display = ("requested", "tool", "arguments", "run_column", "deadline")
     list_display_links = ("requested", "tool")
     list_filter = (AgentFilter, ("name", ToolFilter), CapabilityFilter, AgeFilter)
     search_fields = ("run__id", "name")
@@ -212,6 +215,17 @@ class PendingApprovalAdmin(NexoModelAdmin):
     bulk_deny_template = "admin/nexo_django/pendingapproval/bulk_deny.html"
 
     # Hooks -----------------------------------------------------------------------------------
+
+    def has_decide_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """With ``NEXO["SELF_APPROVAL"]`` off, the person who started a call's run sees it but
+        does not decide it (no buttons, and their POST is refused, bulk actions included)."""
+        if not super().has_decide_permission(request, obj):
+            return False
+        return obj is None or nexo_settings.SELF_APPROVAL or not self.is_requester(request, obj)
+
+    def is_requester(self, request: HttpRequest, call: ToolCall) -> bool:
+        started_by = call.run.created_by_id
+        return started_by is not None and started_by == request.user.pk
 
     def get_inbox_queryset(self, request: HttpRequest) -> QuerySet[PendingApproval]:
         """The calls waiting for this user. Override to narrow, e.g. to the agents a user owns."""
@@ -272,6 +286,15 @@ class PendingApprovalAdmin(NexoModelAdmin):
     @admin.display(description="started by", ordering="run__created_by")
     def started_by(self, obj: ToolCall) -> str:
         return _started_by(obj.run)
+
+    @admin.display(description="deadline", ordering="expires_at")
+    def deadline(self, obj: ToolCall) -> SafeString:
+        if obj.expires_at is None:
+            return format_html("<small>{}</small>", "none")
+        left = obj.expires_at - timezone.now()
+        words = f"in {timesince(timezone.now(), obj.expires_at, depth=1)}" if left.total_seconds() > 0 else "overdue"
+        return format_html('<span class="nexo-deadline" title="{}">{}</span>',
+                           obj.expires_at.isoformat(" ", "seconds"), words)
 
     # Views -----------------------------------------------------------------------------------
 
@@ -382,13 +405,26 @@ class AgentRunAdmin(NexoModelAdmin):
 class DecisionAdmin(NexoModelAdmin):
     """Read-only audit log: who decided what, when, on which digest."""
 
-    list_display = ("decided_at", "verdict", "tool", "run_column", "decided_by", "source", "edited", "stop", "note_preview")
+    list_display = ("decided_at", "verdict", "tool", "run_column", "decided_by", "source", "rule_column", "edited",
+                    "stop", "note_preview")
     list_display_links = None
-    list_filter = ("verdict", "source", "stop", ("decided_by", admin.RelatedOnlyFieldListFilter))
+    list_filter = (audit.OutcomeFilter, "verdict", "source", "stop", ("decided_by", admin.RelatedOnlyFieldListFilter))
     search_fields = ("tool_call__run__id", "tool_call__name")
     list_select_related = ("tool_call", "decided_by")
     ordering = ("-decided_at", "-id")
     actions = None
+    change_list_template = "admin/nexo_django/decision/change_list.html"
+
+    def get_urls(self) -> list[Any]:
+        export = self.admin_site.admin_view(lambda request, fmt: audit.export_view(self, request, fmt))
+        return [path("export/<str:fmt>/", export, name="nexo_django_decision_export"), *super().get_urls()]
+
+    @admin.display(description="rule", ordering="rule")
+    def rule_column(self, obj: Decision) -> Any:
+        if obj.rule_id is None:
+            return "—"
+        url = reverse(f"{self.admin_site.name}:nexo_django_approvalrule_change", args=[obj.rule_id])
+        return format_html('<a href="{}">#{}</a>', url, obj.rule_id)
 
     @admin.display(description="tool")
     def tool(self, obj: Decision) -> SafeString:

@@ -17,6 +17,7 @@ DENY_STOP = "deny_stop"
 REVIEW_EDIT = "review_edit"
 APPROVE_EDITED = "approve_edited"
 BACK = "back"
+APPROVE_ALWAYS = "approve_always"
 
 ACTION_CHOICES = [
     (APPROVE, "Approve"),
@@ -25,6 +26,7 @@ ACTION_CHOICES = [
     (REVIEW_EDIT, "Review edited arguments"),
     (APPROVE_EDITED, "Approve with edited arguments"),
     (BACK, "Back to editing"),
+    (APPROVE_ALWAYS, "Approve, and always allow this tool for this agent"),
 ]
 EDIT_ACTIONS = frozenset({REVIEW_EDIT, APPROVE_EDITED})
 
@@ -50,6 +52,8 @@ class DecisionForm(forms.Form):
         required=False, label="Edited arguments (JSON)", strip=False,
         widget=forms.Textarea(attrs={"rows": 10, "cols": 80, "spellcheck": "false", "class": "nexo-json"}),
     )
+    #: "Always allow": the fnmatch pattern of paths the new rule allows (path tools only).
+    rule_path = forms.CharField(required=False, max_length=1000, label="for paths like", strip=True)
     #: Digest of the edited arguments shown on the review page; what is confirmed is what was shown.
     edited_digest = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 

@@ -24,8 +24,16 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from . import runs
-from .admin_forms import APPROVE, APPROVE_EDITED, BACK, DENY_STOP, REVIEW_EDIT, BulkDenyForm
+from . import admin_rules, rules, runs
+from .admin_forms import (
+    APPROVE,
+    APPROVE_ALWAYS,
+    APPROVE_EDITED,
+    BACK,
+    DENY_STOP,
+    REVIEW_EDIT,
+    BulkDenyForm,
+)
 from .display import (
     count_hidden,
     json_diff,
@@ -183,6 +191,12 @@ def _decision_page(
         "form": form,
         "editing": editing,
         "other_pending": other,
+        "is_requester": not model_admin.has_decide_permission(request, call)
+        and model_admin.has_decide_permission(request),
+        "rule_path_kind": "command" if call.capability == "shell"
+        else "path" if call.capability in rules.PATH_CAPABILITIES else "",
+        "rule_path": rules.suggested_path(call),
+        "rule_path_html": reveal(rules.suggested_path(call)),
         **transcript_context(model_admin, request, run),
     }
     return TemplateResponse(request, model_admin.decision_template, context)
@@ -213,21 +227,27 @@ def _review_page(
 def _decide(
     model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, action: str, data: dict[str, Any]
 ) -> HttpResponse:
-    approved = action in (APPROVE, APPROVE_EDITED)
+    approved = action in (APPROVE, APPROVE_EDITED, APPROVE_ALWAYS)
     here = model_admin.call_url(call.pk)
     try:
-        runs.decide(
-            call, approved=approved, by=request.user, note=data.get("note", ""),
-            args=data.get("args") if action == APPROVE_EDITED else None,
-            stop=action == DENY_STOP, digest=data["digest"], source="admin",
-        )
+        if action == APPROVE_ALWAYS:
+            refused = admin_rules.approve_always(model_admin, request, call, data)
+            if refused is not None:
+                return refused
+        else:
+            runs.decide(
+                call, approved=approved, by=request.user, note=data.get("note", ""),
+                args=data.get("args") if action == APPROVE_EDITED else None,
+                stop=action == DENY_STOP, digest=data["digest"], source="admin",
+            )
     except AlreadyDecided as exc:
         messages.warning(request, f"Nothing changed: {mark_hidden(exc)}.")
         return HttpResponseRedirect(_changelist_url(model_admin))
     except (StaleDecision, InvalidEditedArguments) as exc:
         messages.error(request, f"Nothing changed: {mark_hidden(exc)}")
         return HttpResponseRedirect(here)
-    verb = {APPROVE: "Approved", APPROVE_EDITED: "Approved with edited arguments", DENY_STOP: "Denied (run stopped)"}
+    verb = {APPROVE: "Approved", APPROVE_EDITED: "Approved with edited arguments", DENY_STOP: "Denied (run stopped)",
+            APPROVE_ALWAYS: "Approved (and a standing rule now allows such calls)"}
     messages.success(request, format_html(
         "{} {} ({}). {}", verb.get(action, "Denied"), reveal(call.name), reveal(call.tool_call_id),
         where_it_went(model_admin, [call.run_id]),
@@ -244,6 +264,9 @@ def _selected_calls(
 ) -> list[ToolCall] | None:
     """The calls to decide, or None (with a message) when one selected call is gone."""
     calls = list(queryset.order_by("created_at", "id"))
+    # Four eyes, bulk included: one call of a run this user started refuses the whole action.
+    if any(not model_admin.has_decide_permission(request, c) for c in calls):
+        raise PermissionDenied
     if request.POST.get("select_across") == "1":
         return calls
     selected = set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))

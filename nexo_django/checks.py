@@ -6,6 +6,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.apps import AppConfig
 from django.conf import settings
@@ -13,7 +14,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections, router
 from django.utils.module_loading import import_string
 
-from .conf import DEFAULTS, nexo_settings
+from .conf import DEFAULTS, as_timedelta, nexo_settings
 from .errors import ConfigurationError
 from .llm import PROVIDERS
 
@@ -105,6 +106,38 @@ def _check_values() -> list[CheckMessage]:
     if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names)):
         errors.append(Error('NEXO["PROTECTED_NAMES"] must be a list of glob patterns (strings) or None.',
                             hint='For example [".git/hooks/*", ".git/config", ".bashrc"].', id="nexo_django.E009"))
+    errors.extend(_check_approvals())
+    return errors
+
+
+def _check_approvals() -> list[CheckMessage]:
+    """APPROVAL_TIMEOUT, SELF_APPROVAL and NOTIFY (docs/admin.md, the approval lifecycle)."""
+    errors: list[CheckMessage] = []
+    try:
+        as_timedelta(nexo_settings.APPROVAL_TIMEOUT, 'NEXO["APPROVAL_TIMEOUT"]')
+    except ConfigurationError as exc:
+        errors.append(Error(str(exc), hint="For example 7 * 24 * 3600 (a week, the default), timedelta(hours=8), "
+                            "or None.", id="nexo_django.E020"))
+    if not isinstance(nexo_settings.SELF_APPROVAL, bool):
+        errors.append(Error(f'NEXO["SELF_APPROVAL"] must be True or False, not {nexo_settings.SELF_APPROVAL!r}.',
+                            hint="False: the person who started a run cannot decide its calls.", id="nexo_django.E021"))
+    notify = nexo_settings.NOTIFY
+    fix = 'For example {"EMAIL": True, "SITE_URL": "https://ops.example.com", "REMIND_AFTER": 3600}.'
+    if not isinstance(notify, dict):
+        return [*errors, Error(f'NEXO["NOTIFY"] must be a dict, not {notify!r}.', hint=fix, id="nexo_django.E022")]
+    unknown = sorted(set(notify) - {"EMAIL", "SITE_URL", "REMIND_AFTER"})
+    problems = [f"unknown key(s) {', '.join(unknown)}"] if unknown else []
+    if not isinstance(notify.get("EMAIL", False), bool):
+        problems.append("EMAIL must be True or False")
+    site = notify.get("SITE_URL", "")
+    parts = urlsplit(site) if isinstance(site, str) else None
+    if notify.get("EMAIL") and (parts is None or parts.scheme not in ("http", "https") or not parts.netloc):
+        problems.append(f"SITE_URL must be the absolute http(s) address of the site the links point to, not {site!r}")
+    after = notify.get("REMIND_AFTER")
+    if after is not None and (isinstance(after, bool) or not isinstance(after, (int, float)) or after <= 0):
+        problems.append(f"REMIND_AFTER must be a positive number of seconds or None, not {after!r}")
+    if problems:
+        errors.append(Error(f'NEXO["NOTIFY"] is invalid: {"; ".join(problems)}.', hint=fix, id="nexo_django.E022"))
     return errors
 
 

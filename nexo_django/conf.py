@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -40,6 +41,20 @@ DEFAULTS: dict[str, Any] = {
     # "REMIND_AFTER": seconds or None}. Missing keys take the defaults in nexo_django.notify.
     "NOTIFY": {},
 }
+
+
+def as_timedelta(value: Any, where: str) -> timedelta | None:
+    """``value`` (a timedelta, seconds, or None) as a timedelta; ``ConfigurationError`` naming
+    ``where`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta) and value > timedelta(0):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return timedelta(seconds=value)
+    raise ConfigurationError(
+        f"{where} = {value!r}: give a positive timedelta or number of seconds, or None for calls that wait forever"
+    )
 
 
 class NexoSettings:

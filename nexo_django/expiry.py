@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.utils.module_loading import import_string
 
 from .agent import FROM_SETTINGS, ON_TIMEOUT
-from .conf import nexo_settings
-from .errors import AlreadyDecided, ConfigurationError
+from .conf import as_timedelta, nexo_settings
+from .errors import AlreadyDecided
 from .models import AgentRun, CallStatus, ToolCall
 from .runs import decide
 
@@ -27,20 +26,6 @@ log = logging.getLogger("nexo_django.expiry")
 
 #: calls expired per query of a round (a round goes on until none is overdue)
 BATCH = 200
-
-
-def as_timedelta(value: Any, where: str) -> timedelta | None:
-    """``value`` (a timedelta, seconds, or None) as a timedelta; ``ConfigurationError`` naming
-    ``where`` otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, timedelta) and value > timedelta(0):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return timedelta(seconds=value)
-    raise ConfigurationError(
-        f"{where} = {value!r}: give a positive timedelta or number of seconds, or None for calls that wait forever"
-    )
 
 
 def timeout_of(agent_cls: type) -> timedelta | None:
@@ -70,7 +55,7 @@ def on_timeout_of(agent_path: str) -> str:
 def _waited(call: ToolCall) -> str:
     if call.expires_at is None:
         return ""
-    seconds = int((call.expires_at - call.created_at).total_seconds())
+    seconds = round((call.expires_at - call.created_at).total_seconds())
     days, rest = divmod(max(seconds, 0), 86400)
     hours, rest = divmod(rest, 3600)
     minutes, seconds = divmod(rest, 60)

@@ -13,7 +13,9 @@ Matching, for an enabled rule whose ``expires_at`` has not passed:
   does not match ``git status; curl evil``), and a shell rule with no command matches nothing;
   for any other tool the rule must leave it empty.
 
-When several rules match, ``denied`` beats ``approved`` (then the oldest rule).
+When several rules match, ``denied`` beats ``approved`` (then the oldest rule). With
+``NEXO["SELF_APPROVAL"]`` off, a rule does not approve the calls of runs its own creator started:
+a rule decides on its creator's behalf, and four eyes means a second person.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from . import sql
+from .conf import nexo_settings
 from .errors import SecurityError
 from .models import ApprovalRule, ToolCall, Verdict
 from .sandboxes.base import normalize_relative
@@ -60,12 +63,17 @@ def matches(rule: ApprovalRule, call: ToolCall, agent: str, now: datetime) -> bo
     return not rule.path
 
 
-def choose(calls: Iterable[ToolCall], agent: str, now: datetime) -> dict[int, ApprovalRule]:
-    """The rule that decides each call that has one, by call pk. One query per tool named."""
+def choose(
+    calls: Iterable[ToolCall], agent: str, now: datetime, *, starter_id: Any = None
+) -> dict[int, ApprovalRule]:
+    """The rule that decides each call that has one, by call pk. One query per tool named.
+    ``starter_id``: the user who started the run (see self-approval above)."""
     calls = list(calls)
     candidates: list[ApprovalRule] = []
     for tool in sorted({c.name for c in calls}):
         candidates += sql.select(ApprovalRule, enabled=True, tool=tool)
+    if candidates and starter_id is not None and not nexo_settings.SELF_APPROVAL:
+        candidates = [r for r in candidates if r.verdict == Verdict.DENIED or r.created_by_id != starter_id]
     if not candidates:
         return {}
     chosen: dict[int, ApprovalRule] = {}

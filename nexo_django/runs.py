@@ -318,7 +318,7 @@ def _apply_rules(run: AgentRun, calls: list[ToolCall]) -> list[ToolCall]:
     """Decide the calls a standing rule matches; the calls left waiting for a person."""
     if not calls:
         return calls
-    chosen = rules.choose(calls, run.agent, timezone.now())
+    chosen = rules.choose(calls, run.agent, timezone.now(), starter_id=run.created_by_id)
     if not chosen:
         return calls
     left: list[ToolCall] = []

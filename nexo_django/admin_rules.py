@@ -1,0 +1,130 @@
+"""The admin of standing rules, and the decision page's "approve, and always allow".
+
+A rule is created by a person with the decide permission (here, or from a call's decision page);
+Django's admin log records who and when, and the rule keeps ``created_by``/``created_at``. The
+list shows how many calls each rule decided. A rule that decided something cannot be deleted (its
+decisions point at it and are immutable): disable it instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.models import ADDITION, LogEntry
+from django.db import transaction
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.utils.html import format_html
+
+from . import rules, runs
+from .display import reveal
+from .models import ApprovalRule, RunEvent, ToolCall, Verdict
+
+DECIDE_PERMISSION = "nexo_django.decide_toolcall"
+
+
+class ApprovalRuleForm(forms.ModelForm):
+    class Meta:
+        model = ApprovalRule
+        fields = ("agent", "tool", "path", "verdict", "enabled", "expires_at", "note")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        tool = data.get("tool") or ""
+        rules.validate(tool, rules.capability_of(tool), data.get("path") or "")
+        return data
+
+
+@admin.register(ApprovalRule)
+class ApprovalRuleAdmin(admin.ModelAdmin):
+    form = ApprovalRuleForm
+    list_display = ("rule", "agent_column", "tool_column", "path_column", "verdict", "enabled", "expires_at",
+                    "created_by", "created_at", "decided")
+    list_display_links = ("rule",)
+    list_filter = ("verdict", "enabled", "tool")
+    search_fields = ("agent", "tool", "path", "note")
+    readonly_fields = ("created_by", "created_at")
+    list_select_related = ("created_by",)
+
+    def has_decide_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(DECIDE_PERMISSION))
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user = request.user
+        return self.has_decide_permission(request) or bool(user.is_active and user.is_staff)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    # Making, changing and removing rules is deciding calls ahead of time: the decide permission.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return self.has_decide_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_decide_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_decide_permission(request)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApprovalRule]:
+        return super().get_queryset(request).annotate(decided_count=Count("decisions"))
+
+    def save_model(self, request: HttpRequest, obj: ApprovalRule, form: Any, change: bool) -> None:
+        if not change:
+            obj.created_by = request.user  # type: ignore[assignment]
+        super().save_model(request, obj, form, change)
+
+    @admin.display(description="rule", ordering="id")
+    def rule(self, obj: ApprovalRule) -> str:
+        return f"#{obj.pk}"
+
+    @admin.display(description="agent", ordering="agent")
+    def agent_column(self, obj: ApprovalRule) -> Any:
+        return reveal(obj.agent) if obj.agent else "any agent"
+
+    @admin.display(description="tool", ordering="tool")
+    def tool_column(self, obj: ApprovalRule) -> Any:
+        return reveal(obj.tool)
+
+    @admin.display(description="path or command", ordering="path")
+    def path_column(self, obj: ApprovalRule) -> Any:
+        return format_html("<code>{}</code>", reveal(obj.path)) if obj.path else "any"
+
+    @admin.display(description="calls decided", ordering="decided_count")
+    def decided(self, obj: ApprovalRule) -> int:
+        return int(getattr(obj, "decided_count", 0))
+
+
+def approve_always(
+    model_admin: Any, request: HttpRequest, call: ToolCall, data: dict[str, Any]
+) -> HttpResponse | None:
+    """Approve ``call`` and create the rule "always allow this tool for this agent [for paths like
+    …]" in one transaction; the rule is logged (admin log and a run event). None when it was done;
+    a redirect back to the page when the rule as given could never match."""
+    if call.capability == "shell":
+        path = rules.suggested_path(call)  # the exact command shown: never a pattern or a prefix
+    elif call.capability in rules.PATH_CAPABILITIES:
+        path = (data.get("rule_path") or "").strip()
+    else:
+        path = ""
+    try:
+        rules.validate(call.name, call.capability, path)
+    except forms.ValidationError as exc:
+        messages.error(request, f"Nothing changed: {' '.join(exc.messages)}")
+        return HttpResponseRedirect(model_admin.call_url(call.pk))
+    with transaction.atomic():
+        rule = ApprovalRule.objects.create(
+            agent=call.agent or call.run.agent, tool=call.name, path=path, verdict=Verdict.APPROVED,
+            created_by=request.user, note=(data.get("note") or f"from {call.name} call {call.tool_call_id}")[:2000],
+        )
+        LogEntry.objects.log_actions(
+            user_id=request.user.pk, queryset=[rule], action_flag=ADDITION,
+            change_message=f"Created from the decision page of {call.name} call {call.tool_call_id} (run {call.run_id}).",
+        )
+        RunEvent.objects.create(run_id=call.run_id, type="rule_created", data={
+            "rule": rule.pk, "tool": call.name, "path": path, "by": str(request.user), "call": call.tool_call_id,
+        })
+        runs.decide(call, approved=True, by=request.user, note=data.get("note", ""), digest=data["digest"], source="admin")
+    return None
