@@ -27,7 +27,8 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from django.core.mail import EmailMultiAlternatives, get_connection
+from django.core import mail
+from django.core.mail import EmailMultiAlternatives
 from django.db import transaction
 from django.db.models import Q
 from django.urls import reverse
@@ -102,7 +103,8 @@ def message_parts(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> tu
         f"{lead}{agent} ({html.escape(_one_line(run.agent))}) waits for a decision.",
         "",
         "Prompt:",
-        *(f"  {line}" for line in prompt.splitlines() or [""]),
+        # Quoted: no line of the model's or the user's text can pass for one of the notice's own.
+        *(f"> {line}" for line in prompt.splitlines() or [""]),
         "",
     ]
     items = []
@@ -122,6 +124,13 @@ def message_parts(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> tu
         "<p>The link opens the call's page; nothing is decided until you press a button there.</p>"
     )
     return subject, text, body
+
+
+def mail_connection() -> Any:
+    """The default mailer: ``mail.mailers.default`` where Django has mailers (6.1), else
+    ``get_connection()``."""
+    mailers = getattr(mail, "mailers", None)
+    return mailers.default if mailers is not None else mail.get_connection()
 
 
 def _claim(calls: Iterable[ToolCall], field: str, now: datetime) -> list[ToolCall]:
@@ -144,11 +153,11 @@ def send(run: AgentRun, calls: list[ToolCall], *, reminder: bool = False, now: d
     subject, text, body = message_parts(run, claimed, reminder=reminder)
     sent = 0
     try:
-        with get_connection() as connection:
-            for user in recipients:
-                message = EmailMultiAlternatives(subject, text, to=[getattr(user, email_field)], connection=connection)
+        with mail_connection() as connection:
+            for user in recipients:  # one at a time on one connection: the count stays exact
+                message = EmailMultiAlternatives(subject, text, to=[getattr(user, email_field)])
                 message.attach_alternative(body, "text/html")
-                sent += message.send()
+                sent += connection.send_messages([message]) or 0
     except Exception:  # a mail server down must not fail the run or the reconciler round
         log.exception("notify: sending the %s of run %s failed", "reminder" if reminder else "notice", run.pk)
         if not sent:  # nobody got it: give the claim back, the next reconciler round retries

@@ -96,6 +96,9 @@ DATABASES = {"default": _database()}
 
 STATIC_URL = "/static/"
 
+# Django 6.1 sends mail through MAILERS (the test environment swaps each for locmem); 6.0 ignores it.
+MAILERS: dict[str, dict[str, Any]] = {"default": {}}
+
 REDIS_URL = os.environ.get("REDIS_URL")
 
 # DESIGN.md §6: an "ASYNC": False queue runs jobs inline at commit and needs no Redis at all.
