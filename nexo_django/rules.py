@@ -13,7 +13,12 @@ Matching, for an enabled rule whose ``expires_at`` has not passed:
   does not match ``git status; curl evil``), and a shell rule with no command matches nothing;
   for any other tool the rule must leave it empty.
 
-When several rules match, ``denied`` beats ``approved`` (then the oldest rule). With
+When several rules match, ``denied`` beats ``approved`` (then the oldest rule).
+
+The approval cycle should not pay a query for rules nobody wrote: a process remembers for
+``NEGATIVE_SECONDS`` that no enabled rule names a tool (never that one does: a rule disabled a
+moment ago is never applied). Saving or deleting a rule in this process forgets it at once
+(``AppConfig.ready`` wires it); another process sees a new rule within that second. With
 ``NEXO["SELF_APPROVAL"]`` off, a rule does not approve the calls of runs its own creator started:
 a rule decides on its creator's behalf, and four eyes means a second person.
 """
@@ -21,6 +26,7 @@ a rule decides on its creator's behalf, and four eyes means a second person.
 from __future__ import annotations
 
 import fnmatch
+import time
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -34,6 +40,24 @@ from .models import ApprovalRule, ToolCall, Verdict
 from .sandboxes.base import normalize_relative
 
 PATH_CAPABILITIES = frozenset({"read", "write"})
+NEGATIVE_SECONDS = 1.0
+#: tool name -> monotonic time until which "no enabled rule names it" is taken as known here
+_none_until: dict[str, float] = {}
+
+
+def forget(**kwargs: Any) -> None:
+    """A rule was saved or deleted: look again next time (a signal receiver)."""
+    _none_until.clear()
+
+
+def _rules_for(tool: str) -> list[ApprovalRule]:
+    now = time.monotonic()
+    if _none_until.get(tool, 0.0) > now:
+        return []
+    found = sql.select(ApprovalRule, enabled=True, tool=tool)
+    if not found:
+        _none_until[tool] = now + NEGATIVE_SECONDS
+    return found
 
 
 def gate_path(capability: str, args: Any) -> str | None:
@@ -71,7 +95,7 @@ def choose(
     calls = list(calls)
     candidates: list[ApprovalRule] = []
     for tool in sorted({c.name for c in calls}):
-        candidates += sql.select(ApprovalRule, enabled=True, tool=tool)
+        candidates += _rules_for(tool)
     if candidates and starter_id is not None and not nexo_settings.SELF_APPROVAL:
         candidates = [r for r in candidates if r.verdict == Verdict.DENIED or r.created_by_id != starter_id]
     if not candidates:

@@ -184,3 +184,24 @@ def test_only_the_matching_call_of_a_turn_is_decided(tmp_path: Path, requested: 
     assert run.status == RunStatus.DONE
     assert (tmp_path / "notes" / "a.txt").read_text() == "A" and (tmp_path / "secrets" / "b.txt").read_text() == "B"
     assert ToolCall.objects.filter(run=run, status=CallStatus.SUCCEEDED).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.durable
+def test_a_rule_saved_after_a_lookup_found_none_applies_at_once(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert Scribe.run("first", cwd=tmp_path / "a").status == RunStatus.SUSPENDED  # remembered: no write rule
+    ApprovalRule.objects.create(tool="write")
+    assert Scribe.run("second", cwd=tmp_path / "b").status == RunStatus.DONE
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.durable
+def test_a_rule_disabled_a_moment_ago_is_never_applied(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    allow = ApprovalRule.objects.create(tool="write")
+    assert Scribe.run("first", cwd=tmp_path / "a").status == RunStatus.DONE
+    ApprovalRule.objects.filter(pk=allow.pk).update(enabled=False)  # no signal: only the database knows
+    assert Scribe.run("second", cwd=tmp_path / "b").status == RunStatus.SUSPENDED
