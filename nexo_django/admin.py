@@ -199,7 +199,7 @@ def _started_by(run: AgentRun) -> str:
 @admin.register(PendingApproval)
 class PendingApprovalAdmin(NexoModelAdmin):
     # The arguments come right after the tool so they stay on screen at 1280 px, sidebar open.
-    list_display = ("requested", "tool", "arguments", "run_column", "deadline")
+    list_display = ("requested", "tool", "arguments", "run_column")
     list_display_links = ("requested", "tool")
     list_filter = (AgentFilter, ("name", ToolFilter), CapabilityFilter, AgeFilter)
     search_fields = ("run__id", "name")
@@ -258,8 +258,9 @@ class PendingApprovalAdmin(NexoModelAdmin):
 
     @admin.display(description="requested", ordering="created_at")
     def requested(self, obj: ToolCall) -> SafeString:
-        return format_html('<span title="{}">{}</span>', obj.created_at.isoformat(" ", "seconds"),
-                           timesince(obj.created_at, depth=1))
+        # The deadline sits under the age: a column of its own would push the arguments off a laptop.
+        return format_html('<span title="{}">{}</span><br><small>{}</small>', obj.created_at.isoformat(" ", "seconds"),
+                           timesince(obj.created_at, depth=1), self.deadline(obj))
 
     @admin.display(description="run", ordering="agent")
     def run_column(self, obj: ToolCall) -> SafeString:
@@ -290,9 +291,10 @@ class PendingApprovalAdmin(NexoModelAdmin):
     @admin.display(description="deadline", ordering="expires_at")
     def deadline(self, obj: ToolCall) -> SafeString:
         if obj.expires_at is None:
-            return format_html("<small>{}</small>", "none")
+            return format_html('<span class="nexo-deadline">{}</span>', "no deadline")
         left = obj.expires_at - timezone.now()
-        words = f"in {timesince(timezone.now(), obj.expires_at, depth=1)}" if left.total_seconds() > 0 else "overdue"
+        words = (f"expires in {timesince(timezone.now(), obj.expires_at, depth=1)}" if left.total_seconds() > 0
+                 else "overdue: expires at the next reconcile")
         return format_html('<span class="nexo-deadline" title="{}">{}</span>',
                            obj.expires_at.isoformat(" ", "seconds"), words)
 

@@ -197,6 +197,8 @@ def _decision_page(
         else "path" if call.capability in rules.PATH_CAPABILITIES else "",
         "rule_path": rules.suggested_path(call),
         "rule_path_html": reveal(rules.suggested_path(call)),
+        # An input's value cannot show invisible characters: such a path gets no "always allow".
+        "rule_path_hidden": count_hidden(rules.suggested_path(call), keep="") > 0,
         **transcript_context(model_admin, request, run),
     }
     return TemplateResponse(request, model_admin.decision_template, context)

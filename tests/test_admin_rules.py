@@ -13,6 +13,8 @@ from nexo_django.models import ApprovalRule, Decision, RunEvent, RunStatus, Tool
 from tests.durable_agents import Scribe
 from tests.lifecycle_agents import Hurried
 from tests.test_admin_support import (
+    RLO,
+    HostileScribe,
     approver,
     client_for,
     csrf_post,
@@ -102,3 +104,10 @@ def test_a_rule_that_decided_calls_is_kept(tmp_path: Path) -> None:
     response = csrf_post(client_for(approver()), f"{RULES}{rule.pk}/delete/", {"post": "yes"})
     assert response.status_code == 200 and "Cannot delete approval rule" in response.content.decode()
     assert ApprovalRule.objects.filter(pk=rule.pk).exists()
+
+
+def test_always_allow_is_not_offered_for_a_path_with_hidden_characters(tmp_path: Path) -> None:
+    call = waiting(HostileScribe, tmp_path)
+    html = client_for(approver()).get(decision_url(call)).content.decode()
+    assert 'id="always-allow-refused"' in html and 'value="approve_always"' not in html
+    assert RLO not in html
