@@ -114,13 +114,14 @@ def approve_always(
     except forms.ValidationError as exc:
         messages.error(request, f"Nothing changed: {' '.join(exc.messages)}")
         return HttpResponseRedirect(model_admin.call_url(call.pk))
+    user: Any = request.user  # a logged-in user: the admin site let only staff this far
     with transaction.atomic():
         rule = ApprovalRule.objects.create(
             agent=call.agent or call.run.agent, tool=call.name, path=path, verdict=Verdict.APPROVED,
-            created_by=request.user, note=(data.get("note") or f"from {call.name} call {call.tool_call_id}")[:2000],
+            created_by=user, note=(data.get("note") or f"from {call.name} call {call.tool_call_id}")[:2000],
         )
         LogEntry.objects.log_actions(
-            user_id=request.user.pk, queryset=[rule], action_flag=ADDITION,
+            user_id=user.pk, queryset=[rule], action_flag=ADDITION,
             change_message=f"Created from the decision page of {call.name} call {call.tool_call_id} (run {call.run_id}).",
         )
         RunEvent.objects.create(run_id=call.run_id, type="rule_created", data={

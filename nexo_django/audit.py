@@ -19,6 +19,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.utils import timezone
 
 from .models import Decision, Verdict
@@ -109,7 +110,7 @@ def json_chunks(decisions: Iterator[Decision]) -> Iterator[str]:
     yield "\n]\n"
 
 
-def export_view(model_admin: ModelAdmin[Any], request: HttpRequest, fmt: str) -> HttpResponse:
+def export_view(model_admin: ModelAdmin[Any], request: HttpRequest, fmt: str) -> HttpResponseBase:
     """The changelist's decisions (its filters, search and order, every page) as ``fmt``."""
     if request.method not in ("GET", "HEAD"):
         return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
@@ -124,6 +125,7 @@ def export_view(model_admin: ModelAdmin[Any], request: HttpRequest, fmt: str) ->
     queryset = changelist.get_queryset(request).select_related("tool_call", "decided_by")
     decisions = queryset.iterator(chunk_size=CHUNK)
     stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    response: StreamingHttpResponse
     if fmt == "csv":
         response = StreamingHttpResponse(csv_lines(decisions), content_type="text/csv; charset=utf-8")
     else:
