@@ -9,12 +9,17 @@ class NexoDjangoConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Only wiring: system checks register on import. No database, no Redis.
+        # Only wiring: system checks register on import, the models get the durable layer's
+        # operations, and a saved or deleted standing rule is looked up again. No database, no
+        # Redis. Imported here, not at the top: this module loads before the models can
+        # (Django's app loading order), and these imports load models.
         from django.db.models.signals import post_delete, post_save
 
         from . import checks  # noqa: F401
-        from .models import ApprovalRule
-        from .rules import forget
+        from .durable.operations import DurableOperations
+        from .durable.rules import forget
+        from .models import ApprovalRule, install_operations
 
+        install_operations(DurableOperations())
         for signal in (post_save, post_delete):
             signal.connect(forget, sender=ApprovalRule, dispatch_uid=f"nexo_django.rules.forget.{signal is post_save}")

@@ -15,8 +15,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from nexo_django.durable.recovery import reconcile
 from nexo_django.models import ApprovalRule, Decision, ToolCall, Verdict
-from nexo_django.recovery import reconcile
 from tests.durable_agents import Scribe
 from tests.lifecycle_agents import Hurried
 from tests.test_admin_support import DECISIONS, approver, client_for, csrf_post, pending_rows

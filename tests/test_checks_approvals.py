@@ -10,7 +10,7 @@ from django.test import override_settings
 
 from nexo_django import Agent
 from nexo_django.checks import check_settings
-from nexo_django.errors import ConfigurationError
+from nexo_django.core.errors import ConfigurationError
 
 ON = {"EMAIL": True, "SITE_URL": "https://ops.example.com", "REMIND_AFTER": 3600}
 

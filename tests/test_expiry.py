@@ -11,9 +11,9 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from nexo_django.errors import AlreadyDecided, ApprovalExpired
+from nexo_django.core.errors import AlreadyDecided, ApprovalExpired
+from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, CallStatus, Decision, RunEvent, RunStatus, ToolCall
-from nexo_django.recovery import reconcile
 from tests.durable_agents import Scribe
 from tests.lifecycle_agents import Hurried, HurriedStop, Patient
 from tests.test_admin_support import DECISIONS, INBOX, approver, client_for, decision_url

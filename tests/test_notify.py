@@ -18,9 +18,9 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
-from nexo_django import notify
+from nexo_django.durable import notify
+from nexo_django.durable.recovery import reconcile
 from nexo_django.models import CallStatus, Decision, ToolCall
-from nexo_django.recovery import reconcile
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.durable_agents import Scribe
 from tests.lifecycle_agents import Hurried, TwoWrites

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from nexo_django import rules
+from nexo_django.durable import rules
 from nexo_django.models import ApprovalRule, CallStatus, Decision, RunStatus, ToolCall, Verdict
 from nexo_django.signals import approval_requested
 from tests.durable_agents import Scribe

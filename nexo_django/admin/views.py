@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin import helpers
@@ -24,17 +24,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from . import admin_rules, rules, runs
-from .admin_forms import (
-    APPROVE,
-    APPROVE_ALWAYS,
-    APPROVE_EDITED,
-    BACK,
-    DENY_STOP,
-    REVIEW_EDIT,
-    BulkDenyForm,
-)
-from .display import (
+from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
+from ..display import (
     count_hidden,
     json_diff,
     json_for_editor,
@@ -46,11 +37,24 @@ from .display import (
     reveal,
     reveal_json,
 )
-from .errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
-from .models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
+from ..durable import rules, runs
+from ..models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
+from . import rules as admin_rules
+from .base import NexoModelAdmin
+from .forms import (
+    APPROVE,
+    APPROVE_ALWAYS,
+    APPROVE_EDITED,
+    BACK,
+    DENY_STOP,
+    REVIEW_EDIT,
+    BulkDenyForm,
+)
 
-if TYPE_CHECKING:
-    from .admin import AgentRunAdmin, NexoModelAdmin, PendingApprovalAdmin
+#: the inbox's and the run page's admins (``nexo_django.admin``), which import this module:
+#: named by their base here, with the hooks of their own reached as ``Any``
+type PendingApprovalAdmin = Any
+type AgentRunAdmin = Any
 
 STATUS_WORDS: dict[str, str] = {
     RunStatus.QUEUED: "is queued: a worker will continue it",

@@ -18,11 +18,10 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.html import format_html
 
-from . import rules, runs
-from .display import reveal
-from .models import ApprovalRule, RunEvent, ToolCall, Verdict
-
-DECIDE_PERMISSION = "nexo_django.decide_toolcall"
+from ..display import reveal
+from ..durable import rules, runs
+from ..models import ApprovalRule, RunEvent, ToolCall, Verdict
+from .base import DECIDE_PERMISSION
 
 
 class ApprovalRuleForm(forms.ModelForm):

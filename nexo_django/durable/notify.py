@@ -34,9 +34,9 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 
-from .conf import nexo_settings
-from .display import mark_hidden
-from .models import AgentRun, CallStatus, ToolCall
+from ..conf import nexo_settings
+from ..display import mark_hidden
+from ..models import AgentRun, CallStatus, ToolCall
 
 log = logging.getLogger("nexo_django.notify")
 

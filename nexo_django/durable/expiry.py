@@ -3,7 +3,7 @@ expires it.
 
 The deadline is set when the call starts waiting (``ToolCall.expires_at``, from the agent's
 ``approval_timeout`` or ``NEXO["APPROVAL_TIMEOUT"]``). An expiry is a decision like any other,
-recorded through :func:`nexo_django.runs.decide` (so exactly once, whoever else decides at the same
+recorded through :func:`nexo_django.durable.runs.decide` (so exactly once, whoever else decides at the same
 moment): ``verdict="denied"``, ``source="expiry"``, nobody's; the call's status is ``expired``, and
 the model is told that nobody decided (not that a person refused). ``on_timeout = "stop"`` cancels
 the run instead of letting it go on.
@@ -11,45 +11,15 @@ the run instead of letting it go on.
 
 from __future__ import annotations
 
-import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.utils.module_loading import import_string
-
-from .agent import FROM_SETTINGS, ON_TIMEOUT
-from .conf import as_timedelta, nexo_settings
-from .errors import AlreadyDecided
-from .models import AgentRun, CallStatus, ToolCall
+from ..core.errors import AlreadyDecided
+from ..models import AgentRun, CallStatus, ToolCall
+from .deadlines import on_timeout_of
 from .runs import decide
-
-log = logging.getLogger("nexo_django.expiry")
 
 #: calls expired per query of a round (a round goes on until none is overdue)
 BATCH = 200
-
-
-def timeout_of(agent_cls: type) -> timedelta | None:
-    """How long a call of ``agent_cls`` waits for a person (None: forever)."""
-    declared = getattr(agent_cls, "approval_timeout", FROM_SETTINGS)
-    if declared is FROM_SETTINGS:
-        return as_timedelta(nexo_settings.APPROVAL_TIMEOUT, 'NEXO["APPROVAL_TIMEOUT"]')
-    return as_timedelta(declared, f"{agent_cls.__name__}.approval_timeout")
-
-
-def deadline(agent_cls: type, now: datetime) -> datetime | None:
-    timeout = timeout_of(agent_cls)
-    return None if timeout is None else now + timeout
-
-
-def on_timeout_of(agent_path: str) -> str:
-    """The agent's ``on_timeout``; "deny" when the class cannot be imported any more (the safe
-    choice: the call is not run, and the model hears why)."""
-    try:
-        value = getattr(import_string(agent_path), "on_timeout", "deny")
-    except ImportError:
-        log.warning("expiry: cannot import %s; its expired calls are denied", agent_path)
-        return "deny"
-    return value if value in ON_TIMEOUT else "deny"
 
 
 def _waited(call: ToolCall) -> str:

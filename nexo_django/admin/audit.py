@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, Strea
 from django.http.response import HttpResponseBase
 from django.utils import timezone
 
-from .models import Decision, Verdict
+from ..models import Decision, Verdict
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

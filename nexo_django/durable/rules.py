@@ -33,11 +33,11 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
+from ..conf import nexo_settings
+from ..core.errors import SecurityError
+from ..core.sandboxes.base import normalize_relative
+from ..models import ApprovalRule, ToolCall, Verdict
 from . import sql
-from .conf import nexo_settings
-from .errors import SecurityError
-from .models import ApprovalRule, ToolCall, Verdict
-from .sandboxes.base import normalize_relative
 
 PATH_CAPABILITIES = frozenset({"read", "write"})
 NEGATIVE_SECONDS = 1.0
