@@ -27,7 +27,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.test_browser_admin import save
+from tests.admin.test_browser_admin import save
 
 pytestmark = [pytest.mark.browser]
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
 from tests.durable_agents import ParallelScribe, Scribe
-from tests.test_admin_support import (
+from tests.admin.support import (
     INBOX,
     approver,
     client_for,

@@ -16,7 +16,7 @@ from django.utils import timezone
 from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
 from tests.durable_agents import Bumper, Scribe, count
-from tests.test_admin_support import (
+from tests.admin.support import (
     RUNS,
     approver,
     client_for,

@@ -18,8 +18,8 @@ from nexo_django import Agent
 from nexo_django.models import RunStatus
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.durable_agents import ParallelScribe
-from tests.test_admin_support import INBOX, make_user
-from tests.test_browser_admin import log_in, save
+from tests.admin.support import INBOX, make_user
+from tests.admin.test_browser_admin import log_in, save
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
