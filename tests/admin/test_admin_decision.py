@@ -10,7 +10,6 @@ import pytest
 
 from nexo_django.display import json_for_editor
 from nexo_django.models import CallStatus, Decision, RunEvent, RunStatus, ToolCall, args_digest
-from tests.durable_agents import ParallelScribe, Scribe
 from tests.admin.support import (
     INBOX,
     approver,
@@ -20,6 +19,7 @@ from tests.admin.support import (
     page_digest,
     viewer,
 )
+from tests.durable_agents import ParallelScribe, Scribe
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 

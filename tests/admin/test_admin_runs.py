@@ -15,7 +15,6 @@ from django.utils import timezone
 
 from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
-from tests.durable_agents import Bumper, Scribe, count
 from tests.admin.support import (
     RUNS,
     approver,
@@ -26,6 +25,7 @@ from tests.admin.support import (
     run_url,
     viewer,
 )
+from tests.durable_agents import Bumper, Scribe, count
 
 # Decisions and searches behave the same on PostgreSQL: `make test` runs these there too.
 pytestmark = [pytest.mark.durable]

@@ -18,8 +18,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from nexo_django import Agent
 from nexo_django.models import AgentRun, RunStatus
 from nexo_django.testing import ScriptedModel, reply, tool_call
-from tests.durable_agents import ParallelScribe
 from tests.admin.support import INBOX, make_user
+from tests.durable_agents import ParallelScribe
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
