@@ -201,6 +201,10 @@ def test_a_new_project_follows_the_readme_to_an_approved_run(
     save(browser, "tutorial-run-done.png")
     assert (root / "workspace" / "hello.txt").read_text() == "Hello from Scribe.\n"
 
+    # The tutorial's project is clean: no warning the tutorial does not explain.
+    checked = run("python manage.py check", root, clean_env())
+    assert checked.stdout.strip() == "System check identified no issues (0 silenced).", checked.stdout + checked.stderr
+
     # The README's own test of the app passes too.
     tested = run("python manage.py test notes -v 2", root, clean_env())
     assert "StartTests.test_a_run_waits_for_approval_then_writes_the_file) ... ok" in tested.stderr
