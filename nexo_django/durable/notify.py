@@ -25,8 +25,6 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.core import mail
 from django.core.mail import EmailMultiAlternatives
 from django.db import transaction
@@ -59,6 +57,11 @@ def enabled() -> bool:
 
 def approvers(run: AgentRun) -> list[Any]:
     """The active users with an email address who may decide ``run``'s calls."""
+    # Here, not at the top: django.contrib.auth is optional (its models load only when the project
+    # installs it), and this module loads with the app whether or not it does.
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
     user_model = get_user_model()
     email_field = user_model.get_email_field_name()
     perm = Permission.objects.filter(codename="decide_toolcall", content_type__app_label="nexo_django").first()
@@ -149,7 +152,7 @@ def send(run: AgentRun, calls: list[ToolCall], *, reminder: bool = False, now: d
     if not claimed:
         return 0
     recipients = approvers(run)
-    email_field = get_user_model().get_email_field_name()
+    email_field = type(recipients[0]).get_email_field_name() if recipients else ""
     subject, text, body = message_parts(run, claimed, reminder=reminder)
     sent = 0
     try:

@@ -13,7 +13,7 @@ from django.core.exceptions import PermissionDenied
 
 from nexo_django.models import ApprovalRule, CallStatus, Decision, RunEvent, RunStatus, ToolCall
 from tests.durable_agents import Scribe
-from tests.test_admin_support import (
+from tests.admin.support import (
     INBOX,
     client_for,
     csrf_post,

@@ -25,7 +25,7 @@ from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.durable_agents import Scribe
 from tests.lifecycle_agents import Hurried, TwoWrites
 from tests.smtp_server import SMTPServer
-from tests.test_admin_support import HOSTILE_CONTENT, RLO, SCRIPT, client_for, make_user
+from tests.admin.support import HOSTILE_CONTENT, RLO, SCRIPT, client_for, make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 

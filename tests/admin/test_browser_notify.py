@@ -14,8 +14,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from nexo_django.models import CallStatus, Decision, RunStatus
 from tests.durable_agents import Scribe
-from tests.test_admin_support import make_user
-from tests.test_browser_admin import save
+from tests.admin.support import make_user
+from tests.admin.test_browser_admin import save
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -12,7 +12,7 @@ from django.contrib.admin.models import ADDITION, LogEntry
 from nexo_django.models import ApprovalRule, Decision, RunEvent, RunStatus, ToolCall
 from tests.durable_agents import Scribe
 from tests.lifecycle_agents import Hurried
-from tests.test_admin_support import (
+from tests.admin.support import (
     RLO,
     HostileScribe,
     approver,
