@@ -10,8 +10,6 @@ import pytest
 from django.contrib.admin.models import ADDITION, LogEntry
 
 from nexo_django.models import ApprovalRule, Decision, RunEvent, RunStatus, ToolCall
-from tests.durable_agents import Scribe
-from tests.lifecycle_agents import Hurried
 from tests.admin.support import (
     RLO,
     HostileScribe,
@@ -22,6 +20,8 @@ from tests.admin.support import (
     page_digest,
     viewer,
 )
+from tests.durable_agents import Scribe
+from tests.lifecycle_agents import Hurried
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 

@@ -17,9 +17,9 @@ from django.test.utils import CaptureQueriesContext
 
 from nexo_django.durable.recovery import reconcile
 from nexo_django.models import ApprovalRule, Decision, ToolCall, Verdict
+from tests.admin.support import DECISIONS, approver, client_for, csrf_post, pending_rows
 from tests.durable_agents import Scribe
 from tests.lifecycle_agents import Hurried
-from tests.admin.support import DECISIONS, approver, client_for, csrf_post, pending_rows
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 

@@ -13,9 +13,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from nexo_django.models import CallStatus, Decision, RunStatus
-from tests.durable_agents import Scribe
 from tests.admin.support import make_user
 from tests.admin.test_browser_admin import save
+from tests.durable_agents import Scribe
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -14,9 +14,9 @@ from django.utils import timezone
 from nexo_django.core.errors import AlreadyDecided, ApprovalExpired
 from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, CallStatus, Decision, RunEvent, RunStatus, ToolCall
+from tests.admin.support import DECISIONS, INBOX, approver, client_for, decision_url
 from tests.durable_agents import Scribe
 from tests.lifecycle_agents import Hurried, HurriedStop, Patient
-from tests.admin.support import DECISIONS, INBOX, approver, client_for, decision_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 

@@ -22,10 +22,10 @@ from nexo_django.durable import notify
 from nexo_django.durable.recovery import reconcile
 from nexo_django.models import CallStatus, Decision, ToolCall
 from nexo_django.testing import ScriptedModel, reply, tool_call
+from tests.admin.support import HOSTILE_CONTENT, RLO, SCRIPT, client_for, make_user
 from tests.durable_agents import Scribe
 from tests.lifecycle_agents import Hurried, TwoWrites
 from tests.smtp_server import SMTPServer
-from tests.admin.support import HOSTILE_CONTENT, RLO, SCRIPT, client_for, make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 

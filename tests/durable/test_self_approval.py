@@ -12,7 +12,6 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 
 from nexo_django.models import ApprovalRule, CallStatus, Decision, RunEvent, RunStatus, ToolCall
-from tests.durable_agents import Scribe
 from tests.admin.support import (
     INBOX,
     client_for,
@@ -21,6 +20,7 @@ from tests.admin.support import (
     make_user,
     page_digest,
 )
+from tests.durable_agents import Scribe
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
