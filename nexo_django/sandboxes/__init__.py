@@ -20,8 +20,9 @@ __all__ = [
 ]
 
 
-def make_sandbox(value: Any, cwd: Any = None, *, protected: tuple[str, ...] | None = None) -> Sandbox:
-    """``"virtual"`` (default), ``"local"`` (needs ``cwd``), or a :class:`Sandbox` instance."""
+def make_sandbox(value: Any, cwd: Any = None, *, protected: tuple[str, ...] | None = None, shell: Any = None) -> Sandbox:
+    """``"virtual"`` (default), ``"local"`` (needs ``cwd``), or a :class:`Sandbox` instance.
+    ``shell`` (a ``ShellPolicy``) is how a ``"local"`` sandbox built here runs commands."""
     if isinstance(value, Sandbox):
         return value
     extra: dict[str, Any] = {} if protected is None else {"protected": protected}
@@ -34,7 +35,7 @@ def make_sandbox(value: Any, cwd: Any = None, *, protected: tuple[str, ...] | No
             )
         from .local import LocalSandbox
 
-        return LocalSandbox(cwd, **extra)
+        return LocalSandbox(cwd, **extra, shell=shell)
     raise ConfigurationError(
         f'unknown sandbox {value!r}: use "virtual", "local", or a Sandbox instance'
     )
@@ -48,7 +49,10 @@ def from_spec(spec: dict[str, Any]) -> Sandbox:
     if kind == "virtual":
         return VirtualSandbox(spec.get("files") or {}, **extra)
     if kind == "local":
+        from .confine import ShellPolicy
         from .local import LocalSandbox
 
-        return LocalSandbox(spec["root"], **extra)
+        # A spec from before confinement existed has no "shell": it gets the default, confined.
+        shell = ShellPolicy.from_spec(spec["shell"]) if isinstance(spec.get("shell"), dict) else None
+        return LocalSandbox(spec["root"], **extra, shell=shell)
     raise ConfigurationError(f"cannot rebuild a sandbox from {spec!r}")
