@@ -222,18 +222,20 @@ class Agent:
         on_event: EventCallback | None = None,
     ) -> None:
         from .conf import nexo_settings
+        from .shell_settings import shell_policy
 
         cls = type(self)
         self.cwd = os.fspath(cwd) if cwd is not None else None
         self.gate: Permissions = Permissions.resolve(permissions if permissions is not None else cls.permissions)
         protected = nexo_settings.PROTECTED_NAMES
+        self.limits = Limits.from_mapping(nexo_settings.LIMITS)
         self.workspace: Sandbox = make_sandbox(
             sandbox if sandbox is not None else cls.sandbox,
             self.cwd,
             protected=tuple(protected) if protected is not None else None,
+            shell=shell_policy(nexo_settings.SHELL, self.limits),
         )
         self.llm = resolve_model(self._pick_model(model, nexo_settings.MODEL), nexo_settings.PROVIDERS)
-        self.limits = Limits.from_mapping(nexo_settings.LIMITS)
         self.on_event = on_event
         self.search = self._pick_search(nexo_settings.SEARCH_BACKEND)
         self.fetch_hosts = self._fetch_allow()

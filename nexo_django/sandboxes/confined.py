@@ -91,7 +91,7 @@ def run_confined(
             if result["error"].startswith("shell: bubblewrap") and "stderr" in result:
                 result.pop("stderr")  # it is in the message already
             return result
-        if status.exit_code() is None:
+        if status.exit_code() is None and "note" not in result:  # a note: we stopped it ourselves
             return {"error": setup_failure(result.get("stderr", ""))}
         return result
     finally:

@@ -19,6 +19,7 @@ from referencing.exceptions import Unresolvable
 
 from ..errors import ApprovalRequired, Denied, SecurityError, ToolArgumentError
 from ..permissions import CAPABILITIES, Permissions
+from ..sandboxes.confine import ShellPolicy
 
 if TYPE_CHECKING:
     from ..sandboxes.base import Sandbox
@@ -36,6 +37,14 @@ class Limits:
     glob_timeout: float = 5.0
     shell_timeout: float = 30.0
     shell_max_output: int = 64 * 1024
+    # Caps of a confined shell command (docs/sandboxes.md); the defaults are ShellPolicy's.
+    shell_memory: int = ShellPolicy.memory
+    shell_processes: int = ShellPolicy.processes
+    shell_file_size: int = ShellPolicy.file_size
+    shell_cpu_seconds: int = ShellPolicy.cpu_seconds
+    shell_tmp_size: int = ShellPolicy.tmp_size
+    shell_ports: tuple[int, ...] = ShellPolicy.ports
+    shell_allow_private: bool = ShellPolicy.allow_private
     fetch_timeout: float = 20.0
     fetch_max_bytes: int = 2 * 1024 * 1024
     fetch_max_redirects: int = 5
@@ -54,8 +63,9 @@ class Limits:
         if unknown:
             raise ValueError(f"unknown limit(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         data = dict(values)
-        if "fetch_ports" in data:
-            data["fetch_ports"] = tuple(data["fetch_ports"])
+        for key in ("fetch_ports", "shell_ports"):
+            if key in data:
+                data[key] = tuple(data[key])
         return cls(**data)
 
 
