@@ -121,7 +121,7 @@ class ShellPolicy:
         if not self.confine:
             return (
                 "NOT confined (NEXO['SHELL']['CONFINE'] = False): the command runs as the worker's "
-                "user, with its files, environment-free but with its network"
+                "user, with the worker's files and network (a fresh environment only)"
             )
         net = f"network only to {', '.join(self.network)} through the egress proxy" if self.network else "no network"
         extra = f"; also read-only: {', '.join(self.read)}" if self.read else ""
