@@ -227,8 +227,11 @@ def _etc_files(scratch: str) -> dict[str, str]:
     written: dict[str, str] = {}
     for name, text in files.items():
         path = os.path.join(scratch, name)
-        with open(path, "w", encoding="ascii") as out:
-            out.write(text)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
         written[f"/etc/{name}"] = path
     return written
 
