@@ -48,14 +48,16 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = (
     "alternatives", "ca-certificates", "ca-certificates.conf", "crypto-policies", "debian_version",
     "gai.conf", "host.conf", "inputrc", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime",
-    "lsb-release", "magic", "mime.types", "nsswitch.conf", "os-release", "pki", "protocols",
-    "services", "ssl", "terminfo", "timezone",
-)
+    "lsb-release", "magic", "mime.types", "nsswitch.conf", "os-release", "pki/ca-trust/extracted",
+    "pki/tls/certs", "pki/tls/openssl.cnf", "protocols", "services", "ssl/certs", "ssl/openssl.cnf",
+    "terminfo", "timezone",
+)  # ssl and pki by their parts: never ssl/private or pki/tls/private (TLS keys)
 NEVER_READ = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/sudoers.d")
 #: Bounds of the walk that finds existing protected names below the workspace root.
 PROTECTED_WALK_ENTRIES = 20_000
 PROTECTED_WALK_DEPTH = 12
 _START_TIMEOUT = 10.0
+_ETC_FILE_MAX = 1024 * 1024
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 BWRAP_FIX = (
@@ -208,32 +210,58 @@ def _system(mounts: Mounts) -> None:
             mounts.args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             mounts.args += ["--ro-bind", path, path]
-    for name in ETC_FILES:
-        path = f"/etc/{name}"
-        if os.path.lexists(path):
-            mounts.args += ["--ro-bind-try", path, path]
-    for name in sorted(os.listdir("/etc")):
-        if name.startswith("python3"):  # Debian's sitecustomize lives there
-            mounts.args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
 
 
-def _etc_files(scratch: str) -> dict[str, str]:
+def _write(path: str, data: bytes) -> None:
+    # os.open, not open(): no codec is looked up (a worker may no longer be able to import one).
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _copy(source: str, dest: str) -> None:
+    fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        data = os.read(fd, _ETC_FILE_MAX + 1)
+    finally:
+        os.close(fd)
+    if len(data) <= _ETC_FILE_MAX:
+        _write(dest, data)
+
+
+def _etc(mounts: Mounts, scratch: str) -> None:
+    """The sandbox's /etc: a folder made for this call holding copies of the listed files (and
+    the same symbolic links), with the listed folders bound read-only into it. One mount per
+    folder instead of one per file: each bubblewrap mount costs about a millisecond."""
+    etc = os.path.join(scratch, "etc")
+    os.mkdir(etc, 0o755)
     # Only the sandbox's own user (and root, which programs expect to resolve) are listed.
-    files = {
-        "passwd": f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:{SANDBOX_HOME}:/bin/sh\n",
-        "group": f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\n",
-        "hosts": "127.0.0.1 localhost\n::1 localhost\n",
-    }
-    written: dict[str, str] = {}
-    for name, text in files.items():
-        path = os.path.join(scratch, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    passwd = f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:{SANDBOX_HOME}:/bin/sh\n"
+    _write(os.path.join(etc, "passwd"), passwd.encode())
+    _write(os.path.join(etc, "group"), f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\n".encode())
+    _write(os.path.join(etc, "hosts"), b"127.0.0.1 localhost\n::1 localhost\n")
+    folders: list[str] = []
+    names = [*ETC_FILES, *sorted(n for n in os.listdir("/etc") if n.startswith("python3"))]
+    for name in names:
+        source, dest = f"/etc/{name}", os.path.join(etc, name)
         try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-        written[f"/etc/{name}"] = path
-    return written
+            st = os.lstat(source)
+        except OSError:
+            continue
+        os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(source), dest)  # resolved inside, against what the sandbox sees
+        elif stat.S_ISDIR(st.st_mode):
+            os.mkdir(dest, 0o755)
+            folders.append(name)
+        elif stat.S_ISREG(st.st_mode):
+            with suppress(OSError):
+                _copy(source, dest)
+    mounts.args += ["--ro-bind", etc, "/etc"]
+    for name in folders:
+        mounts.args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
 
 
 def _python_mounts(mounts: Mounts, python: str | None) -> str:
@@ -320,8 +348,7 @@ def build_mounts(
     for key, value in sandbox_env(bool(egress_socket)).items():
         mounts.args += ["--setenv", key, value]
     _system(mounts)
-    for dest, source in _etc_files(scratch).items():
-        mounts.args += ["--ro-bind", source, dest]
+    _etc(mounts, scratch)
     mounts.args += [
         "--proc", "/proc", "--dev", "/dev",
         "--size", str(policy.tmp_size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
