@@ -16,6 +16,7 @@ bubblewrap holds it on ``--block-fd``, before anything of the command runs (see
 
 from __future__ import annotations
 
+import atexit
 import fnmatch
 import functools
 import json
@@ -27,6 +28,8 @@ import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import suppress
@@ -231,11 +234,14 @@ def _copy(source: str, dest: str) -> None:
         _write(dest, data)
 
 
-def _etc(mounts: Mounts, scratch: str) -> None:
-    """The sandbox's /etc: a folder made for this call holding copies of the listed files (and
-    the same symbolic links), with the listed folders bound read-only into it. One mount per
-    folder instead of one per file: each bubblewrap mount costs about a millisecond."""
-    etc = os.path.join(scratch, "etc")
+def _etc_names() -> list[str]:
+    return [*ETC_FILES, *sorted(n for n in os.listdir("/etc") if n.startswith("python3"))]
+
+
+def _build_etc(etc: str) -> list[str]:
+    """Fill ``etc`` with copies of the listed files (and the same symbolic links); return the
+    listed folders, which are bound read-only into it. One mount per folder instead of one per
+    file: each bubblewrap mount costs about a millisecond."""
     os.mkdir(etc, 0o755)
     # Only the sandbox's own user (and root, which programs expect to resolve) are listed.
     passwd = f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:{SANDBOX_HOME}:/bin/sh\n"
@@ -243,8 +249,7 @@ def _etc(mounts: Mounts, scratch: str) -> None:
     _write(os.path.join(etc, "group"), f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\n".encode())
     _write(os.path.join(etc, "hosts"), b"127.0.0.1 localhost\n::1 localhost\n")
     folders: list[str] = []
-    names = [*ETC_FILES, *sorted(n for n in os.listdir("/etc") if n.startswith("python3"))]
-    for name in names:
+    for name in _etc_names():
         source, dest = f"/etc/{name}", os.path.join(etc, name)
         try:
             st = os.lstat(source)
@@ -259,8 +264,67 @@ def _etc(mounts: Mounts, scratch: str) -> None:
         elif stat.S_ISREG(st.st_mode):
             with suppress(OSError):
                 _copy(source, dest)
-    mounts.args += ["--ro-bind", etc, "/etc"]
-    for name in folders:
+    return folders
+
+
+def _fingerprint() -> tuple[tuple[Any, ...], ...]:
+    found: list[tuple[Any, ...]] = []
+    for name in _etc_names():
+        try:
+            st = os.lstat(f"/etc/{name}")
+        except OSError:
+            found.append((name,))
+            continue
+        found.append((name, st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(found)
+
+
+@dataclass(frozen=True)
+class _Base:
+    fingerprint: tuple[tuple[Any, ...], ...]
+    folder: str  # holds etc/ and empty/
+    etc_folders: tuple[str, ...]
+    pid: int
+
+
+_BASE: list[_Base] = []
+_BASE_LOCK = threading.Lock()
+
+
+def _remove_base(base: _Base) -> None:
+    if base.pid == os.getpid():  # never the parent's, from a forked child
+        shutil.rmtree(base.folder, ignore_errors=True)
+
+
+def _remove_bases() -> None:
+    for base in _BASE:
+        _remove_base(base)
+
+
+def sandbox_base() -> _Base:
+    """This process's read-only parts of every sandbox: the /etc copy and an empty folder.
+    Made once and rebuilt when a listed /etc entry changes. Not per call: removing a folder
+    that was bind-mounted into a sandbox waits for the kernel to detach it (tens of ms)."""
+    fingerprint = _fingerprint()
+    with _BASE_LOCK:
+        current = _BASE[0] if _BASE else None
+        if current is not None and current.fingerprint == fingerprint and os.path.isdir(current.folder):
+            return current
+        folder = tempfile.mkdtemp(prefix="nexo-bwrap-base-")
+        folders = _build_etc(os.path.join(folder, "etc"))
+        os.mkdir(os.path.join(folder, "empty"), 0o555)
+        base = _Base(fingerprint, folder, tuple(folders), os.getpid())
+        _BASE[:] = [base]
+        if current is None:
+            atexit.register(_remove_bases)
+        else:
+            _remove_base(current)
+        return base
+
+
+def _etc(mounts: Mounts, base: _Base) -> None:
+    mounts.args += ["--ro-bind", os.path.join(base.folder, "etc"), "/etc"]
+    for name in base.etc_folders:
         mounts.args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
 
 
@@ -336,7 +400,7 @@ def _protected(mounts: Mounts, root: str, root_fd: int, patterns: Sequence[str],
 
 
 def build_mounts(
-    policy: ShellPolicy, root: str, root_fd: int, protected: Sequence[str], scratch: str, *, egress_socket: str | None
+    policy: ShellPolicy, root: str, root_fd: int, protected: Sequence[str], *, egress_socket: str | None
 ) -> tuple[Mounts, list[str]]:
     """The bubblewrap arguments (before ``--``) and the argv prefix run inside."""
     mounts = Mounts()
@@ -348,7 +412,8 @@ def build_mounts(
     for key, value in sandbox_env(bool(egress_socket)).items():
         mounts.args += ["--setenv", key, value]
     _system(mounts)
-    _etc(mounts, scratch)
+    base = sandbox_base()
+    _etc(mounts, base)
     mounts.args += [
         "--proc", "/proc", "--dev", "/dev",
         "--size", str(policy.tmp_size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
@@ -364,9 +429,7 @@ def build_mounts(
             raise ShellUnavailable(f"shell: refused to run: NEXO['SHELL']['READ'] names {path!r}, which does not exist")
         mounts.args += ["--ro-bind", path, path]
     mounts.args += ["--bind", root, root]
-    empty = os.path.join(scratch, "empty")
-    os.mkdir(empty, 0o555)
-    empty_fd = os.open(empty, _PATH_FLAGS)
+    empty_fd = os.open(os.path.join(base.folder, "empty"), _PATH_FLAGS)
     try:
         _protected(mounts, root, root_fd, protected, empty_fd)
     except BaseException:

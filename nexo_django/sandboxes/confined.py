@@ -47,19 +47,19 @@ def run_confined(
         bwrap = find_bwrap(policy)
     except ShellUnavailable as exc:
         return {"error": str(exc)}
-    scratch = tempfile.mkdtemp(prefix="nexo-bwrap-")
+    scratch = tempfile.mkdtemp(prefix="nexo-egress-") if policy.network else None
     status = StatusPipe()
     block_read, block_write = os.pipe()
     open_fds = [block_read, block_write]
     proxy: EgressProxy | None = None
     mounts = None
     try:
-        if policy.network:
+        if scratch is not None:
             proxy = EgressProxy(policy, os.path.join(scratch, "egress.sock"), deadline=time.monotonic() + timeout)
             proxy.start()
         try:
             mounts, inner = build_mounts(
-                policy, root, root_fd, protected, scratch, egress_socket=proxy.path if proxy else None
+                policy, root, root_fd, protected, egress_socket=proxy.path if proxy else None
             )
         except ShellUnavailable as exc:
             return {"error": str(exc)}
@@ -103,7 +103,8 @@ def run_confined(
         status.close()
         if proxy is not None:
             proxy.close()
-        _remove(scratch)
+        if scratch is not None:
+            _remove(scratch)
 
 
 __all__ = ["run_confined", "sandbox_env"]
