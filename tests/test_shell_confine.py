@@ -140,9 +140,10 @@ def test_a_world_readable_file_outside_the_workspace_is_never_read(who: str, ws:
 
 
 def test_etc_shadow_gshadow_and_sudoers_are_not_there(who: str, ws: Path) -> None:
-    [result] = run(who, ws, "cat /etc/shadow /etc/gshadow /etc/sudoers; ls /etc; cat /etc/passwd")
+    [result] = run(who, ws, "cat /etc/shadow /etc/gshadow /etc/sudoers; ls /etc; ls /etc/ssl; cat /etc/passwd")
     listed = result["stdout"].split()
-    assert not {"shadow", "gshadow", "sudoers", "ssh"} & set(listed)
+    assert not {"shadow", "gshadow", "sudoers", "ssh", "private"} & set(listed)  # ssl/private: TLS keys
+    assert "certs" in listed and "ld.so.cache" in listed
     assert result["stderr"].count("No such file or directory") == 3
     assert "root:x:0:0" in result["stdout"] and "sandbox:x:65534" in result["stdout"]
     host_users = {line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines()} - {"root"}
@@ -456,13 +457,17 @@ def test_an_allowed_host_is_reached_through_the_proxy_and_nothing_else(who: str,
         f"curl -sS -m 5 http://other.test:{other.port}/no",
         f"{SYSTEM_PYTHON} tunnel.py",
         f"curl -sS -m 5 http://127.0.0.1:{other.port}/direct --noproxy '*'",
+        f"curl -sS -m 5 -p http://metadata.test:{other.port}/latest/meta-data/",
+        f"curl -sS -m 5 http://allowed.test:1/elsewhere",
     ]
-    results = run(who, ws, *calls, network=("allowed.test",), ports=ports, allow_private=True,
-                  resolve={"allowed.test": "127.0.0.1", "other.test": "127.0.0.1"})
+    results = run(who, ws, *calls, network=("allowed.test", "metadata.test"), ports=ports, allow_private=True,
+                  resolve={"allowed.test": "127.0.0.1", "other.test": "127.0.0.1", "metadata.test": "169.254.169.254"})
     assert results[0]["stdout"] == "hello\n"
     assert "refused GET http://other.test" in results[1]["stdout"] and "NETWORK" in results[1]["stdout"]
     assert results[2]["stdout"].split("\n")[:2] == ["HTTP/1.1 200 Connection established", "PONG"]
     assert "connect" in results[3]["stderr"].lower()
+    assert "403" in results[4]["stderr"]  # link-local (cloud metadata): never, even with allow_private
+    assert "port 1 is not allowed" in results[5]["stdout"]
     assert allowed.requests == ["GET /yes HTTP/1.1", "PING"]  # origin-form: the proxy rewrote it
     assert other.connections == 0
 
@@ -478,3 +483,41 @@ def test_an_allowed_name_resolving_to_loopback_is_refused_by_default(who: str, w
     assert "403" in results[1]["stderr"]
     time.sleep(0.2)
     assert local.connections == 0
+
+
+# --- settings, and the model -------------------------------------------------------------------------
+
+
+def test_settings_reach_the_sandbox_an_agent_builds(tmp_path: Path) -> None:
+    from django.test import override_settings
+
+    from nexo_django import Agent
+    from nexo_django.testing import ScriptedModel, reply
+
+    model = ScriptedModel([reply("ok")])
+    default = Agent(cwd=tmp_path, sandbox="local", model=model).workspace
+    assert isinstance(default, LocalSandbox) and default.shell_policy == ShellPolicy()
+    shell = {"NETWORK": ["pypi.org"], "READ": ["/opt"], "BWRAP": "/usr/bin/bwrap"}
+    with override_settings(NEXO={"SHELL": shell, "LIMITS": {"shell_memory": 1024**3, "shell_ports": [443]}}):
+        built = Agent(cwd=tmp_path, sandbox="local", model=model).workspace
+    assert isinstance(built, LocalSandbox)
+    assert built.shell_policy == ShellPolicy(network=("pypi.org",), read=("/opt",), bwrap="/usr/bin/bwrap",
+                                             memory=1024**3, ports=(443,))
+    with override_settings(NEXO={"SHELL": {"CONFINE": False}}):
+        off = Agent(cwd=tmp_path, sandbox="local", model=model).workspace
+    assert isinstance(off, LocalSandbox) and off.shell_policy.confine is False
+
+
+def test_the_model_cannot_turn_confinement_off_scripted(tmp_path: Path, outside: Path) -> None:
+    from nexo_django import Agent
+    from nexo_django.testing import ScriptedModel, reply, tool_call
+
+    command = f"cat {outside}/secret.txt"
+    model = ScriptedModel([
+        [tool_call("shell", command=command, confine=False), tool_call("shell", command=command)],
+        reply("done"),
+    ])
+    reply_ = Agent(cwd=tmp_path, sandbox="local", model=model, permissions="auto").prompt("go")
+    extra, plain = (call.result for call in reply_.tool_calls)
+    assert "unexpected argument confine" in extra["error"]
+    assert SECRET not in json.dumps(plain) and "No such file" in plain["stderr"]
