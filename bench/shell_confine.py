@@ -36,8 +36,9 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=200)
     options = parser.parse_args()
 
-    from nexo_django.sandboxes.confine import ShellPolicy, bwrap_problem
-    from nexo_django.sandboxes.local import LocalSandbox
+    from nexo_django.core.sandboxes.confine import ShellPolicy, bwrap_problem
+    from nexo_django.core.sandboxes.local import LocalSandbox
+    from nexo_django.core.tools.egress import EgressProxy
 
     problem = bwrap_problem(ShellPolicy())
     if problem:
@@ -47,7 +48,7 @@ def main() -> None:
         kinds = {
             "unconfined": LocalSandbox(root, confine=False),
             "confined": LocalSandbox(root),
-            "confined_network": LocalSandbox(root, shell=ShellPolicy(network=("pypi.org",))),
+            "confined_network": LocalSandbox(root, shell=ShellPolicy(network=("pypi.org",), egress=EgressProxy)),
         }
         times: dict[str, list[float]] = {name: [] for name in kinds}
         for sandbox in kinds.values():  # one warm-up call each (imports, the page cache)

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 from django.test import Client, override_settings
 
-from nexo_django import Agent, admin_preview
-from nexo_django.admin_preview import call_preview, write_diff
-from nexo_django.sandboxes import VirtualSandbox
-from nexo_django.sandboxes.local import LocalSandbox
+from nexo_django import Agent
+from nexo_django.admin import previews as admin_preview
+from nexo_django.admin.previews import call_preview, write_diff
+from nexo_django.core.sandboxes import VirtualSandbox
+from nexo_django.core.sandboxes.local import LocalSandbox
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.durable_agents import Scribe
 from tests.test_admin_support import INBOX, make_user

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from nexo_django.sandboxes.confine import ShellPolicy
-from nexo_django.sandboxes.local import LocalSandbox
+from nexo_django.core.sandboxes.confine import ShellPolicy
+from nexo_django.core.sandboxes.local import LocalSandbox
 from tests.test_shell import none_running, unique_sleep
 
 ROOT = os.geteuid() == 0
@@ -38,15 +38,16 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 DRIVER = r"""
 import json, os, sys
 import encodings.idna  # what getaddrinfo needs later: this worker cannot import it once it is uid 65534
-from nexo_django.sandboxes.confine import ShellPolicy
-from nexo_django.sandboxes.local import LocalSandbox
-from nexo_django.sandboxes import confined, egress
-from nexo_django.tools import netguard
+from nexo_django.core.sandboxes.confine import ShellPolicy
+from nexo_django.core.sandboxes.local import LocalSandbox
+from nexo_django.core.sandboxes import confined
+from nexo_django.core.tools import netguard
+from nexo_django.core.tools.egress import EgressProxy
 spec = json.loads(sys.argv[1])
 names = spec.pop("resolve", None) or {}
 def resolve(host, port):
     return [names[host]] if host in names else netguard.system_resolver(host, port)
-policy = ShellPolicy.from_spec(spec["policy"])
+policy = ShellPolicy.from_spec(spec["policy"], egress=EgressProxy)
 if names:
     import dataclasses
     policy = dataclasses.replace(policy, resolve=resolve)
@@ -458,7 +459,7 @@ def test_an_allowed_host_is_reached_through_the_proxy_and_nothing_else(who: str,
         f"{SYSTEM_PYTHON} tunnel.py",
         f"curl -sS -m 5 http://127.0.0.1:{other.port}/direct --noproxy '*'",
         f"curl -sS -m 5 -p http://metadata.test:{other.port}/latest/meta-data/",
-        f"curl -sS -m 5 http://allowed.test:1/elsewhere",
+        "curl -sS -m 5 http://allowed.test:1/elsewhere",
     ]
     results = run(who, ws, *calls, network=("allowed.test", "metadata.test"), ports=ports, allow_private=True,
                   resolve={"allowed.test": "127.0.0.1", "other.test": "127.0.0.1", "metadata.test": "169.254.169.254"})
@@ -521,3 +522,17 @@ def test_the_model_cannot_turn_confinement_off_scripted(tmp_path: Path, outside:
     extra, plain = (call.result for call in reply_.tool_calls)
     assert "unexpected argument confine" in extra["error"]
     assert SECRET not in json.dumps(plain) and "No such file" in plain["stderr"]
+
+
+def test_the_shell_limits_default_to_the_policys_defaults() -> None:
+    from nexo_django.core.tools.base import Limits
+    from nexo_django.core.tools.shell_settings import shell_policy
+
+    assert shell_policy({}, Limits()) == ShellPolicy()
+
+
+def test_network_hosts_without_an_egress_proxy_run_nothing(tmp_path: Path) -> None:
+    sandbox = LocalSandbox(tmp_path, shell=ShellPolicy(network=("pypi.org",)))
+    result = sandbox.shell("touch ran", timeout=10, max_output=1000)
+    assert "no egress proxy" in result["error"] and "EgressProxy" in result["error"]
+    assert not (tmp_path / "ran").exists()

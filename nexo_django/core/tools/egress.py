@@ -1,5 +1,8 @@
 """The egress proxy of a confined shell: the only way out of its empty network namespace.
 
+It lives with the tools, next to the guard it reuses, and reaches the sandbox as
+``ShellPolicy(egress=EgressProxy)`` (the sandboxes import no tool).
+
 The worker runs it for the length of one call, on a Unix socket bound into the sandbox (an
 in-sandbox forwarder listens on 127.0.0.1:3128 and relays to it; ``http_proxy`` and
 ``https_proxy`` point there). It speaks HTTP ``CONNECT host:port`` (for TLS, which it never
@@ -19,9 +22,9 @@ import threading
 import time
 from contextlib import suppress
 
-from ..tools import netguard
-from ..tools.netguard import AllowList, FetchRefused, Guard, canonical_host
-from .confine import ShellPolicy
+from ..sandboxes.confine import ShellPolicy
+from . import netguard
+from .netguard import AllowList, FetchRefused, Guard, canonical_host
 
 _HEAD_MAX = 16 * 1024
 _MAX_CONNECTIONS = 32

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .confine import (
+    Egress,
     ShellPolicy,
     ShellUnavailable,
     StatusPipe,
@@ -28,7 +29,6 @@ from .confine import (
     sandbox_env,
     setup_failure,
 )
-from .egress import EgressProxy
 from .shell import _remove, _run
 
 _START_TIMEOUT = 10.0
@@ -51,11 +51,16 @@ def run_confined(
     status = StatusPipe()
     block_read, block_write = os.pipe()
     open_fds = [block_read, block_write]
-    proxy: EgressProxy | None = None
+    proxy: Egress | None = None
     mounts = None
     try:
         if scratch is not None:
-            proxy = EgressProxy(policy, os.path.join(scratch, "egress.sock"), deadline=time.monotonic() + timeout)
+            if policy.egress is None:
+                return {"error": (
+                    "shell: refused to run: NETWORK names hosts but this sandbox has no egress proxy; build its "
+                    "policy with ShellPolicy(..., egress=EgressProxy) (nexo_django.core.tools.egress)"
+                )}
+            proxy = policy.egress(policy, os.path.join(scratch, "egress.sock"), deadline=time.monotonic() + timeout)
             proxy.start()
         try:
             mounts, inner = build_mounts(

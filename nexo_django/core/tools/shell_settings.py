@@ -1,7 +1,8 @@
-"""``NEXO["SHELL"]`` and the shell caps of ``NEXO["LIMITS"]`` as the core's :class:`ShellPolicy`.
+"""``NEXO["SHELL"]`` and the shell caps of ``NEXO["LIMITS"]`` as a :class:`ShellPolicy`.
 
-The Django-facing side reads settings; the sandbox only ever receives the policy (the core imports
-no Django). Nothing a model sends reaches this: confinement is off only when settings say so.
+The Django-facing agent hands the settings in (``Agent.configuration()``); the sandbox only ever
+receives the policy. Nothing a model sends reaches this: confinement is off only when settings
+(or the code that builds the sandbox) say so.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigurationError
-from .sandboxes.confine import ShellPolicy
-from .tools import Limits
+from ..errors import ConfigurationError
+from ..sandboxes.confine import ShellPolicy
+from .base import Limits
+from .egress import EgressProxy
+from .netguard import AllowList, FetchRefused
 
 SHELL_KEYS = ("BWRAP", "CONFINE", "NETWORK", "READ")
 
@@ -36,11 +39,16 @@ def shell_policy(setting: Any, limits: Limits) -> ShellPolicy:
             raise ConfigurationError(f'NEXO["SHELL"]["{key}"] must be a list of strings, not {value!r}')
         lists[key] = tuple(value)
     try:
+        AllowList.parse(lists["NETWORK"])
+    except FetchRefused as exc:
+        message = str(exc).replace("fetch_allow entry", "host")
+        raise ConfigurationError(f'NEXO["SHELL"]["NETWORK"]: {message}') from None
+    try:
         return ShellPolicy(
             confine=confine, bwrap=bwrap, network=lists["NETWORK"], read=lists["READ"],
             memory=limits.shell_memory, processes=limits.shell_processes, file_size=limits.shell_file_size,
             cpu_seconds=limits.shell_cpu_seconds, tmp_size=limits.shell_tmp_size,
-            ports=tuple(limits.shell_ports), allow_private=limits.shell_allow_private,
+            ports=tuple(limits.shell_ports), allow_private=limits.shell_allow_private, egress=EgressProxy,
         )
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f'NEXO["SHELL"] / NEXO["LIMITS"] are invalid for the shell: {exc}') from exc

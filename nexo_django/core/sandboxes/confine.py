@@ -31,12 +31,28 @@ import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from ..tools.netguard import AllowList, FetchRefused, Resolver
+#: ``resolver(host, port)``: the addresses ``host`` resolves to (as in the fetch guard).
+Resolver = Callable[[str, int], Sequence[str]]
+
+
+class Egress(Protocol):
+    """The egress proxy a policy with ``network`` hosts needs: listens on a Unix socket at
+    ``path`` from ``start()`` to ``close()`` (``nexo_django.core.tools.egress.EgressProxy``)."""
+
+    path: str
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+#: ``factory(policy, socket_path, deadline=...)`` -> an :class:`Egress`.
+EgressFactory = Callable[..., Egress]
 
 SANDBOX_UID = 65534
 SANDBOX_HOME = "/tmp/home"
@@ -103,6 +119,9 @@ class ShellPolicy:
     python: str | None = None
     #: ``resolver(host, port)`` for the proxy; None: the system's (an I/O seam for tests).
     resolve: Resolver | None = field(default=None, compare=False, repr=False)
+    #: What runs the egress proxy (needed with ``network``): ``EgressProxy`` of
+    #: ``nexo_django.core.tools.egress``; the agent and ``NEXO["SHELL"]`` set it.
+    egress: EgressFactory | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("memory", "processes", "file_size", "cpu_seconds", "tmp_size"):
@@ -116,10 +135,10 @@ class ShellPolicy:
                 raise ValueError(f"shell read path {path!r} must be an absolute path")
             if os.path.realpath(path) in NEVER_READ or os.path.realpath(path) == "/":
                 raise ValueError(f"shell read path {path!r} is never made visible")
-        try:
-            AllowList.parse(self.network)
-        except FetchRefused as exc:
-            raise ValueError(f"shell network: {exc}".replace("fetch_allow entry", "host")) from None
+        for host in self.network:
+            # The full syntax is the fetch guard's, checked by the proxy (and by NEXO's check).
+            if not isinstance(host, str) or not host.strip() or any(c in host for c in "/?#@\\ "):
+                raise ValueError(f"shell network entry {host!r} must be a bare host name such as 'pypi.org'")
 
     def describe(self) -> str:
         """One line for people (the decision page): which confinement a command runs under."""
@@ -141,8 +160,8 @@ class ShellPolicy:
         }
 
     @classmethod
-    def from_spec(cls, spec: dict[str, Any]) -> ShellPolicy:
-        data = dict(spec)
+    def from_spec(cls, spec: dict[str, Any], *, egress: EgressFactory | None = None) -> ShellPolicy:
+        data: dict[str, Any] = {**spec, "egress": egress}
         for key in ("network", "read", "ports"):
             if key in data:
                 data[key] = tuple(data[key])

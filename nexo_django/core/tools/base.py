@@ -19,7 +19,6 @@ from referencing.exceptions import Unresolvable
 
 from ..errors import ApprovalRequired, Denied, SecurityError, ToolArgumentError
 from ..permissions import CAPABILITIES, Permissions
-from ..sandboxes.confine import ShellPolicy
 
 if TYPE_CHECKING:
     from ..sandboxes.base import Sandbox
@@ -37,14 +36,15 @@ class Limits:
     glob_timeout: float = 5.0
     shell_timeout: float = 30.0
     shell_max_output: int = 64 * 1024
-    # Caps of a confined shell command (docs/sandboxes.md); the defaults are ShellPolicy's.
-    shell_memory: int = ShellPolicy.memory
-    shell_processes: int = ShellPolicy.processes
-    shell_file_size: int = ShellPolicy.file_size
-    shell_cpu_seconds: int = ShellPolicy.cpu_seconds
-    shell_tmp_size: int = ShellPolicy.tmp_size
-    shell_ports: tuple[int, ...] = ShellPolicy.ports
-    shell_allow_private: bool = ShellPolicy.allow_private
+    # Caps of a confined shell command (docs/sandboxes.md); the same defaults as ShellPolicy's
+    # (tests/test_shell_confine.py checks they agree).
+    shell_memory: int = 2 * 1024**3
+    shell_processes: int = 256
+    shell_file_size: int = 1024**3
+    shell_cpu_seconds: int = 60
+    shell_tmp_size: int = 256 * 1024**2
+    shell_ports: tuple[int, ...] = (80, 443)
+    shell_allow_private: bool = False
     fetch_timeout: float = 20.0
     fetch_max_bytes: int = 2 * 1024 * 1024
     fetch_max_redirects: int = 5
