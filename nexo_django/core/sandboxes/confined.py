@@ -10,28 +10,98 @@ error that names bubblewrap, and nothing ran.
 
 from __future__ import annotations
 
+import json
 import os
+import resource
+import selectors
 import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
-from .confine import (
-    Egress,
-    ShellPolicy,
-    ShellUnavailable,
-    StatusPipe,
-    apply_limits,
-    build_mounts,
-    find_bwrap,
-    remove_placeholders,
-    sandbox_env,
-    setup_failure,
-)
+from .confine import USERNS_FIX, Egress, ShellPolicy, ShellUnavailable, find_bwrap
+from .mounts import build_mounts, remove_placeholders
 from .shell import _remove, _run
 
 _START_TIMEOUT = 10.0
+
+
+def limits_of(policy: ShellPolicy) -> list[tuple[int, int]]:
+    return [
+        (resource.RLIMIT_AS, policy.memory),
+        (resource.RLIMIT_NPROC, policy.processes),
+        (resource.RLIMIT_FSIZE, policy.file_size),
+        (resource.RLIMIT_CPU, policy.cpu_seconds),
+        (resource.RLIMIT_CORE, 0),
+    ]
+
+
+class StatusPipe:
+    """bubblewrap's ``--json-status-fd``: the sandbox's pid once it exists, and the command's
+    exit code only if the command was really executed (not when setup failed)."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        self.buffer = b""
+
+    def wait_for_start(self, deadline: float) -> int | None:
+        """The sandbox's first process (held on --block-fd), or None if bubblewrap gave up."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.read_fd, selectors.EVENT_READ)
+            while b"\n" not in self.buffer:
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    return None
+                chunk = os.read(self.read_fd, 4096)
+                if not chunk:
+                    return None
+                self.buffer += chunk
+        first = json.loads(self.buffer.split(b"\n", 1)[0])
+        pid = first.get("child-pid")
+        return pid if isinstance(pid, int) else None
+
+    def exit_code(self) -> int | None:
+        """After bubblewrap exited: the command's exit code, or None if it never ran."""
+        os.set_blocking(self.read_fd, False)
+        with suppress(BlockingIOError, OSError):
+            while chunk := os.read(self.read_fd, 4096):
+                self.buffer += chunk
+        for line in self.buffer.split(b"\n"):
+            with suppress(ValueError):
+                doc = json.loads(line)
+                if isinstance(doc, dict) and isinstance(doc.get("exit-code"), int):
+                    return int(doc["exit-code"])
+        return None
+
+    def close_write_end(self) -> None:
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def close(self) -> None:
+        self.close_write_end()
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+
+def apply_limits(pid: int, policy: ShellPolicy) -> None:
+    """Lower the caps of the sandbox's first process (everything it starts inherits them). Never
+    raises a hard limit: where the worker's own is lower, that one stays."""
+    for which, value in limits_of(policy):
+        _soft, hard = resource.prlimit(pid, which)
+        cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.prlimit(pid, which, (cap, cap))
+
+
+def setup_failure(stderr: str) -> str:
+    detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no message"
+    hint = USERNS_FIX if any(w in stderr for w in ("namespace", "uid map", "Operation not permitted", "setting up uid")) else (
+        "check NEXO['SHELL'] (BWRAP, READ) and that the workspace is a plain folder the worker can write"
+    )
+    return f"shell: bubblewrap could not set up the sandbox, nothing ran ({detail}); {hint}"
 
 
 def run_confined(
@@ -112,4 +182,4 @@ def run_confined(
             _remove(scratch)
 
 
-__all__ = ["run_confined", "sandbox_env"]
+__all__ = ["run_confined"]
