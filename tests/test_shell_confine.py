@@ -25,8 +25,10 @@ from typing import Any
 
 import pytest
 
+from nexo_django import Agent
 from nexo_django.core.sandboxes.confine import ShellPolicy
 from nexo_django.core.sandboxes.local import LocalSandbox
+from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.test_shell import none_running, unique_sleep
 
 ROOT = os.geteuid() == 0
@@ -492,9 +494,6 @@ def test_an_allowed_name_resolving_to_loopback_is_refused_by_default(who: str, w
 def test_settings_reach_the_sandbox_an_agent_builds(tmp_path: Path) -> None:
     from django.test import override_settings
 
-    from nexo_django import Agent
-    from nexo_django.testing import ScriptedModel, reply
-
     model = ScriptedModel([reply("ok")])
     default = Agent(cwd=tmp_path, sandbox="local", model=model).workspace
     assert isinstance(default, LocalSandbox) and default.shell_policy == ShellPolicy()
@@ -510,9 +509,6 @@ def test_settings_reach_the_sandbox_an_agent_builds(tmp_path: Path) -> None:
 
 
 def test_the_model_cannot_turn_confinement_off_scripted(tmp_path: Path, outside: Path) -> None:
-    from nexo_django import Agent
-    from nexo_django.testing import ScriptedModel, reply, tool_call
-
     command = f"cat {outside}/secret.txt"
     model = ScriptedModel([
         [tool_call("shell", command=command, confine=False), tool_call("shell", command=command)],
@@ -536,3 +532,26 @@ def test_network_hosts_without_an_egress_proxy_run_nothing(tmp_path: Path) -> No
     result = sandbox.shell("touch ran", timeout=10, max_output=1000)
     assert "no egress proxy" in result["error"] and "EgressProxy" in result["error"]
     assert not (tmp_path / "ran").exists()
+
+
+class DurableShell(Agent):
+    """Scripted: one shell command under approve, with NETWORK hosts from settings."""
+
+    model = ScriptedModel([tool_call("shell", command="id -u; ls /run/nexo; env | grep -c '^http_proxy='"), reply("Ran.")])
+    sandbox = "local"
+    permissions = "approve"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.durable
+def test_an_approved_durable_call_runs_confined_with_its_egress(tmp_path: Path) -> None:
+    from django.test import override_settings
+
+    from nexo_django.models import ToolCall
+
+    with override_settings(NEXO={"SHELL": {"NETWORK": ["pypi.org"]}}):
+        run = DurableShell.run("go", cwd=tmp_path)
+        assert run.status == "suspended"
+        run.resume(approved=True)  # the agent rebuilt from the database and settings, as another worker would
+    call = ToolCall.objects.get(run=run, name="shell")
+    assert call.result == {"exit_code": 0, "stdout": "65534\negress.sock\n1\n", "stderr": "", "truncated": False}
