@@ -255,6 +255,25 @@ def test_no_capabilities_no_new_privs_and_an_unprivileged_uid(who: str, ws: Path
     assert result["stdout"].splitlines()[-2:] == ["65534", "65534"]
 
 
+def test_proc_is_read_only_and_the_hosts_sysctls_stay_untouched(who: str, ws: Path) -> None:
+    # For a root worker the sandbox is uid 0 outside, and sysctl files check owner bits, not
+    # capabilities: /proc/sys/kernel/core_pattern would be a way out. A harmless global one here.
+    sysctl = Path("/proc/sys/fs/lease-break-time")
+    before = sysctl.read_text()
+    try:
+        [result] = run(who, ws, f"echo {int(before) + 1} > {sysctl}; echo x > /proc/self/comm; cat {sysctl}")
+        assert sysctl.read_text() == before
+        assert result["stderr"].count("Read-only file system") == 2 and result["stdout"] == before
+    finally:
+        if ROOT and sysctl.read_text() != before:
+            sysctl.write_text(before)
+
+
+def test_no_user_namespace_can_be_made_inside(who: str, ws: Path) -> None:
+    [result] = run(who, ws, "unshare -U true && echo made; unshare -Urn true && echo made; echo done")
+    assert result["stdout"] == "done\n"
+
+
 def test_a_background_process_dies_with_the_call(who: str, ws: Path) -> None:
     marker = unique_sleep()
     command = f"(while :; do echo t >> tick; sleep 0.05; done) >/dev/null 2>&1 & sleep {marker} >/dev/null 2>&1 & sleep 0.3; echo started"

@@ -172,7 +172,7 @@ def _probe(bwrap: str) -> str | None:
     try:
         done = subprocess.run(
             [bwrap, "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-             "--die-with-parent", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
+             "--disable-userns", "--die-with-parent", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
             stdin=subprocess.DEVNULL, capture_output=True, timeout=_START_TIMEOUT, close_fds=True, env={},
         )
     except (OSError, subprocess.TimeoutExpired) as exc:

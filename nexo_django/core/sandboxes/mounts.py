@@ -257,7 +257,9 @@ def build_mounts(
     mounts.args += [
         "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
-        "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+        # No user namespace inside: the kernel code they open (netfilter, mounts...) is where
+        # most unprivileged escapes of recent years were found.
+        "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
     ]
     for key, value in sandbox_env(bool(egress_socket)).items():
         mounts.args += ["--setenv", key, value]
@@ -265,7 +267,10 @@ def build_mounts(
     base = sandbox_base()
     _etc(mounts, base)
     mounts.args += [
-        "--proc", "/proc", "--dev", "/dev",
+        # /proc read-only: bubblewrap leaves /proc/sys writable, and for a root worker the sandbox
+        # is uid 0 outside, which sysctl permission checks (owner bits, no capability) let write
+        # the host's kernel.core_pattern or kernel.modprobe: a way out.
+        "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev",
         "--size", str(policy.tmp_size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
         "--size", str(policy.tmp_size), "--tmpfs", "/tmp", "--perms", "0700", "--dir", SANDBOX_HOME,
     ]
