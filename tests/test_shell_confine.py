@@ -363,6 +363,14 @@ def test_an_existing_git_folder_and_protected_names_are_read_only(who: str, ws: 
     assert (ws / "sub" / "fine").read_text() == "ok\n"
 
 
+def test_no_setuid_or_setgid_program_is_left_in_the_workspace(who: str, ws: Path) -> None:
+    command = "cp /bin/true suid; chmod 4755 suid; mkdir -p deep/er; cp /bin/true deep/er/sgid; chmod 2755 deep/er/sgid; stat -c %a suid"
+    [result] = run(who, ws, command)
+    assert result["stdout"] == "4755\n"  # it could set the bit (inside, every mount is nosuid) ...
+    for path in (ws / "suid", ws / "deep" / "er" / "sgid"):
+        assert path.stat().st_mode & 0o7777 == 0o755  # ... and it did not stay
+
+
 def test_a_git_symlink_is_refused_and_nothing_runs(who: str, ws: Path, outside: Path) -> None:
     (ws / ".git").symlink_to(outside)
     [result] = run(who, ws, "touch ran")

@@ -22,7 +22,7 @@ from contextlib import suppress
 from typing import Any
 
 from .confine import USERNS_FIX, Egress, ShellPolicy, ShellUnavailable, find_bwrap
-from .mounts import build_mounts, remove_placeholders
+from .mounts import build_mounts, clear_set_id_bits, remove_placeholders
 from .shell import _remove, _run
 
 _START_TIMEOUT = 10.0
@@ -173,6 +173,7 @@ def run_confined(
         if mounts is not None:
             mounts.close()
             remove_placeholders(root_fd, mounts.placeholders)
+            clear_set_id_bits(root_fd)
         for fd in open_fds:
             os.close(fd)
         status.close()

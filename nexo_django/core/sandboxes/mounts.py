@@ -369,3 +369,55 @@ if os.fork() == 0:
 server.close()
 os.execvp(argv[0], argv)
 """
+
+
+def clear_set_id_bits(root_fd: int, max_entries: int = PROTECTED_WALK_ENTRIES) -> int:
+    """After the call (nothing of it runs any more): drop setuid and setgid from the regular
+    files it left in the workspace, walking at most ``max_entries`` entries without following
+    links. Inside, every mount is ``nosuid``; outside the workspace's file system is not, and a
+    root worker's command would leave setuid-root programs there. Returns how many it changed."""
+    changed = 0
+    budget = max_entries
+    stack = [os.dup(root_fd)]
+    try:
+        while stack and budget > 0:
+            fd = stack.pop()
+            try:
+                with os.scandir(fd) as entries:
+                    listed = list(entries)
+                for entry in listed:
+                    budget -= 1
+                    if budget < 0:
+                        break
+                    if entry.is_symlink():
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        with suppress(OSError):
+                            stack.append(os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd))
+                        continue
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                    if stat.S_ISREG(mode) and mode & (stat.S_ISUID | stat.S_ISGID):
+                        changed += _drop_set_id(fd, entry.name)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    finally:
+        for fd in stack:
+            os.close(fd)
+    return changed
+
+
+def _drop_set_id(dir_fd: int, name: str) -> int:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return 0
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return 0
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+        return 1
+    finally:
+        os.close(fd)
