@@ -78,10 +78,6 @@ USERNS_FIX = (
     "userns for bwrap); elsewhere check sysctl user.max_user_namespaces > 0 and, in a container, "
     "that its seccomp profile allows clone/unshare of namespaces"
 )
-UNCONFINED_ESCAPE = (
-    "only NEXO['SHELL']['CONFINE'] = False (LocalSandbox(root, confine=False)) runs commands "
-    "unconfined, as the worker's user with its files and network: see docs/sandboxes.md"
-)
 
 
 class ShellUnavailable(Exception):
