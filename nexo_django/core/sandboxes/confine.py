@@ -65,8 +65,6 @@ NEVER_READ = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/sudoers.d")
 PROTECTED_WALK_ENTRIES = 20_000
 PROTECTED_WALK_DEPTH = 12
 _START_TIMEOUT = 10.0
-_ETC_FILE_MAX = 1024 * 1024
-_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 BWRAP_FIX = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) "
