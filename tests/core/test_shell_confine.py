@@ -29,7 +29,7 @@ from nexo_django import Agent
 from nexo_django.core.sandboxes.confine import ShellPolicy
 from nexo_django.core.sandboxes.local import LocalSandbox
 from nexo_django.testing import ScriptedModel, reply, tool_call
-from tests.test_shell import none_running, unique_sleep
+from tests.core.test_shell import none_running, unique_sleep
 
 ROOT = os.geteuid() == 0
 SECRET = "nexo-worker-secret-" + os.urandom(6).hex()
@@ -131,7 +131,7 @@ def text(result: dict[str, Any]) -> str:
 
 
 def test_a_world_readable_file_outside_the_workspace_is_never_read(who: str, ws: Path, outside: Path) -> None:
-    project_settings = Path(__file__).with_name("settings.py")
+    project_settings = Path(__file__).parents[1] / "settings.py"
     command = f"cat {outside}/secret.txt; cat {project_settings}; ls {outside} {Path.home()} {Path(__file__).parent}"
     [result] = run(who, ws, command)
     assert SECRET not in text(result)

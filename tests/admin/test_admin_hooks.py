@@ -14,8 +14,8 @@ from django.urls import path
 
 from nexo_django.admin import AgentRunAdmin, PendingApprovalAdmin
 from nexo_django.models import AgentRun, CallStatus, Decision, PendingApproval, RunMessage, ToolCall
+from tests.admin.support import approver, client_for, csrf_post, make_user
 from tests.durable_agents import Scribe
-from tests.test_admin_support import approver, client_for, csrf_post, make_user
 
 
 class OwnCallsInbox(PendingApprovalAdmin):

@@ -13,8 +13,8 @@ from nexo_django.admin.previews import call_preview, write_diff
 from nexo_django.core.sandboxes import VirtualSandbox
 from nexo_django.core.sandboxes.local import LocalSandbox
 from nexo_django.testing import ScriptedModel, reply, tool_call
+from tests.admin.support import INBOX, make_user
 from tests.durable_agents import Scribe
-from tests.test_admin_support import INBOX, make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
