@@ -315,6 +315,11 @@ def test_a_file_stops_at_the_size_cap(who: str, ws: Path) -> None:
     assert (ws / "big").stat().st_size == 1024 * 1024
 
 
+def test_a_busy_loop_stops_at_the_cpu_cap(who: str, ws: Path) -> None:
+    [result] = run(who, ws, "sh -c 'while :; do :; done'; echo $?", cpu_seconds=1)
+    assert result["stdout"] == "152\n"  # 128 + SIGXCPU: stopped by the cap, long before the timeout
+
+
 def test_the_process_cap_holds_for_an_unprivileged_worker(ws: Path) -> None:
     # Linux never applies RLIMIT_NPROC to uid 0 (docs/sandboxes.md says so): the unprivileged case.
     who = "unprivileged" if ROOT else "worker"

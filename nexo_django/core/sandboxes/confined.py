@@ -93,7 +93,9 @@ def apply_limits(pid: int, policy: ShellPolicy) -> None:
     for which, value in limits_of(policy):
         _soft, hard = resource.prlimit(pid, which)
         cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.prlimit(pid, which, (cap, cap))
+        # CPU: SIGXCPU at the cap (a program may catch it and stop cleanly), SIGKILL a second later.
+        top = cap + 1 if which == resource.RLIMIT_CPU and (hard == resource.RLIM_INFINITY or cap < hard) else cap
+        resource.prlimit(pid, which, (cap, top))
 
 
 def setup_failure(stderr: str) -> str:
