@@ -49,10 +49,12 @@ from .models import (
 )
 from .sandboxes import from_spec
 from .signals import approval_decided, approval_requested, run_status_changed
+from .storable import UnstorableValue
 from .tools import ToolContext
 
 if TYPE_CHECKING:
     from .agent import Agent
+    from .journal import DbJournal
 
 log = logging.getLogger("nexo_django.runs")
 
@@ -266,11 +268,12 @@ def _drive(
         raise
     except Exception as exc:  # the run records why it failed; the worker stays healthy
         message = f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, (SecurityError, ConfigurationError, MaxTurnsExceeded, ModelError)):
+        if not isinstance(exc, (SecurityError, ConfigurationError, MaxTurnsExceeded, ModelError, UnstorableValue)):
             log.exception("run %s failed", run_id)
         if journal is not None:
-            journal.emit("failed", {"error": message})
-            if not journal.close(RunStatus.FAILED, error=message):
+            if isinstance(exc, UnstorableValue):
+                journal.drop_unsaved()  # what the database refused is not written again
+            if not _close_failed(journal, message):
                 return "lease lost"
         elif start == "insert":
             run.status, run.error, run.lease_owner, run.finished_at = RunStatus.FAILED, message, None, timezone.now()
@@ -290,7 +293,15 @@ def _drive(
         new, fields = RunStatus.CANCELLED, {"error": "stopped by the approver"}
     else:
         new, fields = RunStatus.SUSPENDED, {}
-    if not journal.close(new, **fields):
+    try:
+        closed = journal.close(new, **fields)
+    except UnstorableValue as exc:  # the turn's last writes were refused: the run fails with why
+        journal.drop_unsaved()
+        if not _close_failed(journal, f"{type(exc).__name__}: {exc}"):
+            return "lease lost"
+        _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
+        return "failed"
+    if not closed:
         return "lease lost"
     _status_changed(run_id, RunStatus.RUNNING, new)
     if new == RunStatus.SUSPENDED:
@@ -299,6 +310,20 @@ def _drive(
     else:
         _LIVE_OPTIONS.pop(str(run_id), None)
     return str(new)
+
+
+def _close_failed(journal: DbJournal, message: str) -> bool:
+    """Close the run as failed with ``message``. Should even that be refused (what came with an
+    inserted run), it is closed with nothing but its status and error: the run never stays
+    ``running`` on data the database refuses, and the model is not asked again."""
+    journal.emit("failed", {"error": message})
+    try:
+        return journal.close(RunStatus.FAILED, error=message)
+    except UnstorableValue as exc:
+        journal.forget_all()
+        message = f"{message}; and then: {exc}"
+        journal.emit("failed", {"error": message})
+        return journal.close(RunStatus.FAILED, error=message)
 
 
 def _send_requested(calls: list[ToolCall], run: AgentRun) -> None:

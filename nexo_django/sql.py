@@ -25,7 +25,6 @@ The ORM stays for the admin and rare paths, and for :func:`create` whenever a ``
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -40,6 +39,7 @@ from django.db.models.expressions import Col
 from django.db.models.signals import post_save, pre_save
 
 from .models import AgentRun, Decision, RunMessage, ToolCall
+from .storable import StoredJSONDecoder, StoredJSONField, StoredTextField, escape_text, loads
 
 #: built statements: (vendor, what, model, ...) -> (sql, fields)
 _statements: dict[tuple[Any, ...], tuple[str, tuple[Field[Any, Any], ...]]] = {}
@@ -124,6 +124,8 @@ def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], 
     kind = type(field)
     if kind in (models.CharField, models.TextField):
         return lambda v, conn: v if type(v) is str else slow(v, conn)
+    if kind is StoredTextField:  # its get_prep_value: the text as stored (storable.escape_text)
+        return lambda v, conn: escape_text(v) if type(v) is str else slow(v, conn)
     if kind is models.BooleanField:
         return lambda v, conn: v if type(v) is bool else slow(v, conn)
     if kind is models.DateTimeField:
@@ -136,7 +138,7 @@ def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], 
             return slow(v, conn)
 
         return datetime_saver
-    if kind is models.JSONField:
+    if kind in (models.JSONField, StoredJSONField):
         encoder = field.encoder  # type: ignore[attr-defined]
         return lambda v, conn: conn.ops.adapt_json_value(v, encoder) if type(v) in (dict, list) else slow(v, conn)
     target = field.target_field if kind is models.ForeignKey else field  # type: ignore[attr-defined]
@@ -420,7 +422,7 @@ def run_and_messages(run_id: Any, status: str) -> tuple[AgentRun | None, list[An
     statement (the messages as one JSON array), elsewhere two."""
     alias, conn = _db(AgentRun, write=False)
     data = _field(RunMessage, "data")
-    if conn.vendor != "postgresql" or data.decoder is not None:  # type: ignore[attr-defined]
+    if conn.vendor != "postgresql" or data.decoder not in (None, StoredJSONDecoder):  # type: ignore[attr-defined]
         run = get(AgentRun, id=run_id, status=status)
         return run, ([] if run is None else values(RunMessage, "data", "seq", run_id=run.pk))
     key = (conn.vendor, "run_and_messages")
@@ -441,7 +443,7 @@ def run_and_messages(run_id: Any, status: str) -> tuple[AgentRun | None, list[An
     if not rows:
         return None, []
     run = AgentRun.from_db(alias, None, _convert(conn, _reader(conn, AgentRun), rows[0][:-1]))  # type: ignore[arg-type]
-    return run, json.loads(rows[0][-1])
+    return run, loads(rows[0][-1])  # the field's decoding (storable), for the array at once
 
 
 def calls_with_decisions(run_id: Any, call_ids: Sequence[str]) -> list[ToolCall]:
