@@ -349,3 +349,41 @@ def test_scripted_reply_the_database_refuses_fails_the_run_once_with_the_cause(
     assert_settled(run)
     assert len(Refused.model.requests) == 1  # not asked again after a lease
     assert [m["role"] for m in run.transcript()] == ["user"]
+
+
+# --- floats jsonb gives back differently: the digest and the page --------------------------------
+
+
+@tool(capability="shell", idempotent=False)
+def scale(factor: float, offset: float) -> dict:
+    """Scripted side effect with number parameters: records what it received."""
+    RECEIVED.append((factor, offset))
+    return {"scaled": True}
+
+
+class Scaler(Agent):
+    """Scripted: a gated call with floats PostgreSQL's jsonb writes differently, then an answer."""
+
+    model = ScriptedModel([tool_call("scale", factor=1e16, offset=-0.0), reply("Scaled.")])
+    permissions = "approve"
+    tools = [scale]
+
+
+@pytest.mark.durable
+@pytest.mark.django_db(transaction=True)
+def test_scripted_approved_float_call_runs_with_the_floats_the_page_showed() -> None:
+    from tests.test_admin_support import approver, client_for, csrf_post, decision_url, page_digest
+
+    Scaler.model.requests.clear()
+    run = Scaler.run("scale it")
+    call = run.pending_calls().get()
+    assert call.digest == args_digest({"factor": 1e16, "offset": -0.0})
+    client = client_for(approver())
+    html = client.get(decision_url(call)).content.decode()
+    assert "1e+16" in html and "-0.0" in html  # what the model sent, not 10000000000000000 / 0.0
+    response = csrf_post(client, decision_url(call), {"action": "approve", "digest": page_digest(html)})
+    assert response.status_code == 302
+    run.refresh_from_db()
+    assert run.status == RunStatus.DONE, run.error  # not "SecurityError: ... is a different call"
+    assert [(repr(f), repr(o)) for f, o in RECEIVED] == [("1e+16", "-0.0")]
+    assert len(Scaler.model.requests) == 2
