@@ -384,6 +384,9 @@ def decide(
     if digest is not None:
         match["digest"] = digest
     batch = sql.Batch()
+    # The run's lock before the call's: a cancel, a worker and the reconciler lock the run first;
+    # a decision taking the call first deadlocked against a cancel on PostgreSQL.
+    batch.lock_first(AgentRun, call.run_id)
     batch.gate(ToolCall, match, {"status": status, "updated_at": now})
     decision = Decision(
         tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
@@ -469,6 +472,8 @@ def decide_all(run: AgentRun, *, approved: bool, by: Any = None, note: str = "")
 
 def cancel_run(run: AgentRun, *, by: Any = None, reason: str = "") -> bool:
     with transaction.atomic():
+        # The run first (its compare-and-set below), then its calls: the order of every writer
+        # of a run and its calls (a decision locks the run before its call: Batch.lock_first).
         for old in (RunStatus.SUSPENDED, RunStatus.QUEUED, RunStatus.NEEDS_ATTENTION, RunStatus.RUNNING):
             if transition(run, old, RunStatus.CANCELLED, lease_owner=None, finished_at=timezone.now(),
                           error=reason or "cancelled"):

@@ -522,6 +522,15 @@ class Batch:
         self.counts: list[int] = []
         #: the new generation of the run each :meth:`requeue` step woke, by step
         self.generations: dict[int, int] = {}
+        #: (model, pk) of the row :meth:`lock_first` locks before the gate
+        self._lock: tuple[type[Model], Any] | None = None
+
+    def lock_first(self, model: type[Model], pk: Any) -> None:
+        """Lock that row before the gate (``SELECT ... FOR NO KEY UPDATE`` where the database has
+        row locks): for a batch whose gate is a call but which also writes its run, so that it
+        takes the run's lock first, as every other writer of a run and its calls does (a worker's
+        fenced write, a cancel, the reconciler). Two orders deadlocked on PostgreSQL."""
+        self._lock = (model, pk)
 
     # The steps. Each returns its index in ``counts``.
 
@@ -575,7 +584,7 @@ class Batch:
         # hold for the caller's writes too.
         no_wait = not self.durable and self.conn.get_autocommit() and not self.conn.in_atomic_block
         if self._combined:
-            params: list[Any] = []
+            params = [] if self._lock is None else [_pk(self._lock[0]).get_db_prep_value(self._lock[1], self.conn)]
             for step in self._steps:
                 params += _step_params(self.conn, step)
             if len(params) <= COMBINED_MAX_PARAMS:
@@ -587,6 +596,9 @@ class Batch:
         with atomic(conn, self.alias, wait=not no_wait), conn.cursor() as cursor:
             conn._nexo_cursor = cursor  # type: ignore[attr-defined]
             try:
+                if self._lock is not None and conn.features.has_select_for_update:
+                    model, pk = self._lock
+                    _execute(conn, _lock_sql(conn, model), [_pk(model).get_db_prep_value(pk, conn)], fetch=True)
                 for i, step in enumerate(self._steps):
                     self.counts.append(self._run_step(i, step))
                     if i == 0 and not self.counts[0]:
@@ -615,10 +627,11 @@ class Batch:
 
     def _run_combined(self, params: list[Any], no_wait: bool) -> bool:
         conn = self.conn
-        key = (conn.vendor, "batch", no_wait, tuple(_shape(step) for step in self._steps))
+        lock = None if self._lock is None else self._lock[0]
+        key = (conn.vendor, "batch", no_wait, lock, tuple(_shape(step) for step in self._steps))
         built = _statements.get(key)
         if built is None:
-            built = (_combined_sql(conn, self._steps, no_wait), ())
+            built = (_combined_sql(conn, self._steps, no_wait, lock), ())
             if len(_batch_shapes) < MAX_BATCH_SHAPES:  # rows per step vary: keep the cache bounded
                 _batch_shapes.add(key)
                 _statements[key] = built
@@ -697,16 +710,29 @@ def _cast_type(conn: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
     return db_type.split("(", 1)[0] if db_type.startswith("varchar(") else db_type
 
 
-def _combined_sql(conn: BaseDatabaseWrapper, steps: list[tuple[Any, ...]], no_wait: bool = False) -> str:
+def _lock_sql(conn: BaseDatabaseWrapper, model: type[Model]) -> str:
+    strength = "NO KEY UPDATE" if conn.features.has_select_for_no_key_update else "UPDATE"
+    return f"SELECT 1 FROM {_table(conn, model)} WHERE {_column(conn, model, _pk(model))} = %s FOR {strength}"
+
+
+def _combined_sql(
+    conn: BaseDatabaseWrapper, steps: list[tuple[Any, ...]], no_wait: bool = False, lock: type[Model] | None = None,
+) -> str:
     """``WITH s0 AS (gate RETURNING 1), s1 AS (... WHERE EXISTS (SELECT 1 FROM s0) RETURNING ...)
     SELECT (SELECT count(*) FROM s0), ..., ARRAY(SELECT pk FROM sN)``. ``no_wait`` adds a last
     column, ``set_config('synchronous_commit', 'off', true)``: sent in autocommit the statement
-    is its transaction, so the setting holds for its commit alone (``SET LOCAL``)."""
+    is its transaction, so the setting holds for its commit alone (``SET LOCAL``). With ``lock``
+    (:meth:`Batch.lock_first`) a first ``l AS (SELECT 1 ... FOR NO KEY UPDATE)`` that the gate's
+    ``WHERE`` needs (an uncorrelated ``EXISTS``: evaluated once, before the gate locks its row)."""
     q = conn.ops.quote_name
     parts, counts, keys = [], [], []
+    if lock is not None:
+        parts.append(f"l AS ({_lock_sql(conn, lock)})")
     for i, step in enumerate(steps):
         kind = step[0]
         guard = "" if i == 0 else " AND EXISTS (SELECT 1 FROM s0)"
+        if i == 0 and lock is not None:
+            guard = " AND EXISTS (SELECT 1 FROM l)"
         returning = "1"
         if kind == "update":
             model, where, values = step[1:]
