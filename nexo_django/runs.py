@@ -73,6 +73,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 AGENT_OPTIONS = ("cwd", "permissions", "sandbox", "model")
+#: The key of ``AgentRun.options`` that pins a local workspace (see :func:`check_workspace`).
+WORKSPACE_PIN = "_workspace"
 
 #: Constructor arguments that are not JSON, kept for runs started in this process only.
 _LIVE_OPTIONS: dict[str, dict[str, Any]] = {}
@@ -177,6 +179,10 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
         agent = cls(**options, **live)
     except ConfigurationError as exc:
         raise ConfigurationError(f"{cls.__name__}.{method}(...): {exc}") from exc
+    if agent.workspace.kind == "local":
+        # Pinned now: a resume hours later acts in this folder or not at all (a link in front of
+        # it may be flipped meanwhile; see check_workspace).
+        options[WORKSPACE_PIN] = agent.workspace.identity()  # type: ignore[attr-defined]
     run = AgentRun(
         agent=cls.path(), prompt=prompt, status=RunStatus.QUEUED, created_by=_user(user),
         options={**options, "_live": sorted(live)} if live else options, generation=1,
@@ -211,7 +217,7 @@ def build_agent(run: AgentRun) -> Agent:
         cls = import_string(run.agent)
     except ImportError as exc:
         raise ConfigurationError(f"run {run.pk}: cannot import agent {run.agent!r}: {exc}") from exc
-    options = {k: v for k, v in run.options.items() if k != "_live"}
+    options = {k: v for k, v in run.options.items() if not k.startswith("_")}  # "_live", WORKSPACE_PIN
     live = _LIVE_OPTIONS.get(str(run.pk), {})
     missing = [k for k in run.options.get("_live", []) if k not in live]
     if missing:
@@ -223,7 +229,28 @@ def build_agent(run: AgentRun) -> Agent:
     if run.workspace is not None and "sandbox" not in live:
         options["sandbox"] = from_spec(run.workspace)
     agent: Agent = cls(**options)
+    check_workspace(run, agent)
     return agent
+
+
+def check_workspace(run: AgentRun, agent: Agent) -> None:
+    """Refuse (``SecurityError``) to act for ``run`` in a workspace other than the one it started
+    in: its real path and its identity (``st_dev``/``st_ino``) as pinned by :func:`start_run`. A
+    link in front of the folder flipped while a call waited, or the folder replaced by another of
+    the same name, would make an approved call act where the person never looked."""
+    pin = run.options.get(WORKSPACE_PIN)
+    if pin is None:
+        return  # a virtual sandbox, or a run started before workspaces were pinned
+    workspace = agent.workspace
+    now = workspace.identity() if workspace.kind == "local" else None  # type: ignore[attr-defined]
+    if now != pin:
+        where = "a sandbox that is not a folder" if now is None else f"{now['root']} (device {now['dev']}, inode {now['ino']})"
+        agent.close()
+        raise SecurityError(
+            f"run {run.pk} started in the workspace {pin['root']} (device {pin['dev']}, inode {pin['ino']}); "
+            f"its cwd now leads to {where}. Refusing to act in a different workspace: cancel the run "
+            "and start a new one where you mean it to act."
+        )
 
 
 # --- executing -----------------------------------------------------------------------------------
@@ -281,6 +308,8 @@ def _drive(
         elif AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
             status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()
         ):  # the agent could not be rebuilt: nothing was claimed yet
+            if isinstance(exc, SecurityError):  # audited, as a security error of a call is
+                _event(run_id, "security", error=message)
             _status_changed(run_id, RunStatus.QUEUED, RunStatus.FAILED)
             return "failed"
         else:
@@ -343,7 +372,10 @@ def check_edited_args(run: AgentRun, call: ToolCall, args: Any) -> None:
         if not isinstance(args, dict):
             raise InvalidEditedArguments("edited arguments must be a JSON object")
         return
-    agent = build_agent(run)
+    try:
+        agent = build_agent(run)
+    except SecurityError as exc:
+        raise InvalidEditedArguments(f"edited arguments refused: {exc}") from exc
     tool = agent.local_tools().get(call.name)
     if tool is None:
         raise InvalidEditedArguments(f"the agent has no tool {call.name!r} any more")
