@@ -39,7 +39,15 @@ from django.db.models.expressions import Col
 from django.db.models.signals import post_save, pre_save
 
 from .models import AgentRun, Decision, RunMessage, ToolCall
-from .storable import StoredJSONDecoder, StoredJSONField, StoredTextField, escape_text, loads
+from .storable import (
+    StoredJSONDecoder,
+    StoredJSONEncoder,
+    StoredJSONField,
+    StoredTextField,
+    dumps,
+    escape_text,
+    loads,
+)
 
 #: built statements: (vendor, what, model, ...) -> (sql, fields)
 _statements: dict[tuple[Any, ...], tuple[str, tuple[Field[Any, Any], ...]]] = {}
@@ -138,6 +146,15 @@ def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], 
             return slow(v, conn)
 
         return datetime_saver
+    if kind is StoredJSONField and field.encoder is StoredJSONEncoder:  # type: ignore[attr-defined]
+        # On SQLite adapt_json_value(v, encoder) is json.dumps(v, cls=encoder): the codec's text,
+        # without building an encoder per value. Elsewhere the backend's own (psycopg's Jsonb).
+        def stored_json_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
+            if type(v) not in (dict, list):
+                return slow(v, conn)
+            return dumps(v) if conn.vendor == "sqlite" else conn.ops.adapt_json_value(v, StoredJSONEncoder)
+
+        return stored_json_saver
     if kind in (models.JSONField, StoredJSONField):
         encoder = field.encoder  # type: ignore[attr-defined]
         return lambda v, conn: conn.ops.adapt_json_value(v, encoder) if type(v) in (dict, list) else slow(v, conn)

@@ -52,9 +52,7 @@ MAX_DEPTH = 512
 _BAD = re.compile("[\x00\ud800-\udfff]")
 _PERCENT = re.compile("[%\x00\ud800-\udfff]")
 _UNPERCENT = re.compile("%([0-9A-F]{4})")
-#: In the JSON text of a value (``ensure_ascii=False``): something that may need escaping. A
-#: false alarm costs a walk of the value and changes nothing.
-_SUSPECT = re.compile(r'\\u0000|[\ud800-\udfff]|"__nexo__"|\de\+|-0\.0(?![0-9])')
+_SURROGATE = re.compile("[\ud800-\udfff]")
 #: The first character of an escaped text column (a private-use character).
 TEXT_MARK = "\ue000"
 
@@ -145,54 +143,73 @@ def deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-class StoredJSONEncoder(json.JSONEncoder):
-    """Django's ``json.dumps(value, cls=...)`` of a JSON column: the value as is when the
-    database keeps it unchanged (one C-speed ``dumps`` and a regex over its text), escaped when not."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        # Non-ASCII stays as it is (shorter rows); NaN and infinities are not JSON.
-        kwargs["ensure_ascii"] = False
-        kwargs["allow_nan"] = False
-        super().__init__(**kwargs)
-
-    def encode(self, o: Any) -> str:
-        try:
-            text = super().encode(o)
-        except ValueError:  # NaN or an infinity; or a circular value, which escape() finds too deep
-            return self._escaped(escape(o))
-        except RecursionError:
-            raise UnstorableValue(too_deep()) from None
-        if _SUSPECT.search(text) is not None:
-            escaped = escape(o)
-            if escaped is not o:
-                return self._escaped(escaped)
-        if len(text) > 2 * MAX_DEPTH and deeper_than(o, MAX_DEPTH):
-            raise UnstorableValue(too_deep())
-        return text
-
-    def _escaped(self, value: Any) -> str:
-        if deeper_than(value, MAX_DEPTH):
-            raise UnstorableValue(too_deep())
-        try:
-            return super().encode(value)
-        except (ValueError, RecursionError) as exc:
-            raise UnstorableValue(f"this value cannot be stored as JSON: {exc}") from None
+#: Non-ASCII stays as it is (shorter rows); NaN and infinities are not JSON. Built once.
+_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
 
 
-class StoredJSONDecoder(json.JSONDecoder):
-    """Gives back what :class:`StoredJSONEncoder` was given. A text without the marker is
-    decoded by the plain decoder, with no hook."""
+def dumps(value: Any) -> str:
+    """The JSON text a column stores for ``value``: the value as is when the database keeps it
+    unchanged (one C-speed encoding and a regex over its text), escaped when not."""
+    try:
+        text = _encode(value)
+    except ValueError:  # NaN or an infinity; or a circular value, which escape() finds too deep
+        return _escaped(escape(value))
+    except RecursionError:
+        raise UnstorableValue(too_deep()) from None
+    if _suspect(text):
+        escaped = escape(value)
+        if escaped is not value:
+            return _escaped(escaped)
+    if len(text) > 2 * MAX_DEPTH and deeper_than(value, MAX_DEPTH):
+        raise UnstorableValue(too_deep())
+    return text
 
-    def decode(self, s: str, *args: Any, **kwargs: Any) -> Any:
-        if RESERVED not in s:
-            return super().decode(s, *args, **kwargs)
-        return json.loads(s, object_hook=_hook)
+
+def _suspect(text: str) -> bool:
+    """Whether the JSON text of a value (``ensure_ascii=False``) may hold something to escape: a
+    NUL, a lone surrogate, the marker, a positive exponent or ``-0.0``. Substring tests (a regex
+    with these alternatives cost twice the encoding); a false alarm costs a walk of the value and
+    changes nothing."""
+    return (
+        "\\u0000" in text or "__nexo__" in text or "e+" in text or "-0.0" in text
+        or (not text.isascii() and _SURROGATE.search(text) is not None)
+    )
+
+
+def _escaped(value: Any) -> str:
+    if deeper_than(value, MAX_DEPTH):
+        raise UnstorableValue(too_deep())
+    try:
+        return _encode(value)
+    except (ValueError, RecursionError) as exc:
+        raise UnstorableValue(f"this value cannot be stored as JSON: {exc}") from None
 
 
 def loads(text: str) -> Any:
-    """``json.loads`` of a value the encoder wrote (or of an array of them, as PostgreSQL's
-    ``json_agg`` returns them)."""
+    """``json.loads`` of what :func:`dumps` wrote (or of an array of such values, as
+    PostgreSQL's ``json_agg`` returns them): without the marker, the plain decoder, no hook."""
     return json.loads(text, object_hook=_hook) if RESERVED in text else json.loads(text)
+
+
+class StoredJSONEncoder(json.JSONEncoder):
+    """The column's encoder for Django (``json.dumps(value, cls=...)``): :func:`dumps`. Its
+    options are fixed, so none is kept (``nexo_django.sql`` calls :func:`dumps` directly)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        pass  # nothing to set up: encode() is dumps()
+
+    def encode(self, o: Any) -> str:
+        return dumps(o)
+
+
+class StoredJSONDecoder(json.JSONDecoder):
+    """The column's decoder for Django (``json.loads(text, cls=...)``): :func:`loads`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        pass  # nothing to set up: decode() is loads()
+
+    def decode(self, s: str, *args: Any, **kwargs: Any) -> Any:
+        return loads(s)
 
 
 class StoredJSONField(models.JSONField):  # type: ignore[type-arg]
@@ -214,7 +231,7 @@ class StoredJSONField(models.JSONField):  # type: ignore[type-arg]
 def escape_text(value: str) -> str:
     """A text column's value as stored: itself, unless it holds NUL or a surrogate (or starts
     with the mark)."""
-    if _BAD.search(value) is None and not value.startswith(TEXT_MARK):
+    if "\x00" not in value and not value.startswith(TEXT_MARK) and (value.isascii() or _SURROGATE.search(value) is None):
         return value
     return TEXT_MARK + _percent(value)
 
