@@ -212,7 +212,7 @@ class StoredJSONDecoder(json.JSONDecoder):
         return loads(s)
 
 
-class StoredJSONField(models.JSONField):  # type: ignore[type-arg]
+class StoredJSONField(models.JSONField):
     """A ``JSONField`` whose values go through the codec. It deconstructs as Django's own
     ``JSONField`` (without the encoder and decoder): the column is the same, so no migration."""
 
@@ -240,7 +240,7 @@ def unescape_text(value: str) -> str:
     return _unpercent(value[1:]) if value.startswith(TEXT_MARK) else value
 
 
-class StoredTextField(models.TextField):  # type: ignore[type-arg]
+class StoredTextField(models.TextField):
     """A ``TextField`` that keeps every character (see :func:`escape_text`). It deconstructs
     as Django's own ``TextField``: the column is the same, so no migration."""
 

@@ -133,7 +133,10 @@ def test_scripted_approve_racing_cancel_never_escapes_a_database_error(counter: 
         barrier = threading.Barrier(2)
         got: list[str] = ["", ""]
 
-        def act(i: int, run: AgentRun = run, call_pk: int = call_pk, got: list[str] = got) -> None:
+        def act(
+            i: int, run: AgentRun = run, call_pk: int = call_pk, got: list[str] = got,
+            barrier: threading.Barrier = barrier,
+        ) -> None:
             try:
                 barrier.wait(timeout=10)
                 if i == 0:
