@@ -38,7 +38,7 @@ from typing import Any
 
 from django.db import models
 
-from .errors import NexoError
+from .core.errors import NexoError
 
 #: The key that marks an escaped value.
 RESERVED = "__nexo__"

@@ -22,8 +22,8 @@ from django.views.decorators.cache import never_cache
 from django.views.generic import DetailView, ListView
 
 from .display import is_hidden, long_strings, message_view, reveal, reveal_json
+from .durable.queue_health import queue_warning
 from .models import ACTIVE_RUN_STATUSES, AgentRun, RunStatus, ToolCall
-from .queue_health import queue_warning
 
 #: Permissions that let a user see every run, not only the runs they started.
 SEE_ALL_PERMISSIONS = ("nexo_django.view_agentrun", "nexo_django.decide_toolcall")

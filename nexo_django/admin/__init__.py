@@ -25,27 +25,26 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.views.decorators.clickjacking import xframe_options_deny
 
-from . import admin_views, runs
-from .admin_forms import DecisionForm
-from .admin_preview import CallPreview, call_preview
-from .display import mark_hidden, preview, reveal
-from .models import (
+from ..core.permissions import CAPABILITIES
+from ..display import mark_hidden, preview, reveal
+from ..durable import runs
+from ..durable.queue_health import queue_warning
+from ..models import (
     AgentRun,
     CallStatus,
     Decision,
     PendingApproval,
-    RunEvent,
-    RunMessage,
     RunStatus,
     ToolCall,
 )
-from .permissions import CAPABILITIES
-from .queue_health import queue_warning
+from . import views
+from .base import NexoModelAdmin
+from .forms import DecisionForm
+from .previews import CallPreview, call_preview
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
 
-DECIDE_PERMISSION = "nexo_django.decide_toolcall"
 
 
 # --- filters ---------------------------------------------------------------------------------------
@@ -125,65 +124,6 @@ class ToolFilter(AllValuesFieldListFilter):
 
 
 # --- shared pieces ---------------------------------------------------------------------------------
-
-
-class NexoModelAdmin(admin.ModelAdmin):
-    """What the three admins share: read-only pages, the decide permission, run hooks."""
-
-    #: Any active staff user may look, read-only. Set False to require Django's view permission
-    #: (``view_pendingapproval``, ``view_agentrun``, ``view_decision``) as well.
-    staff_can_view = True
-    #: Messages shown before "show all"; the page loads only these rows.
-    transcript_limit = 20
-    events_limit = 50
-
-    def has_decide_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Whether the user may decide calls (and settle, cancel or retry runs). Checked in
-        every view that changes anything, not only by the admin site."""
-        return bool(request.user.has_perm(DECIDE_PERMISSION))
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        user = request.user
-        return (
-            self.has_decide_permission(request, obj)
-            or (self.staff_can_view and user.is_active and user.is_staff)
-            or super().has_view_permission(request, obj)
-        )
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    # Nothing is added, edited or deleted here: decisions are immutable, and deleting a run would
-    # delete its decisions with it.
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    @method_decorator(xframe_options_deny)
-    def history_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        return super().history_view(request, object_id, extra_context)
-
-    def get_transcript(self, request: HttpRequest, run: AgentRun) -> QuerySet[RunMessage]:
-        """The messages of ``run`` a person may read, in order."""
-        return RunMessage.objects.filter(run=run).order_by("seq")
-
-    def get_events(self, request: HttpRequest, run: AgentRun) -> QuerySet[RunEvent]:
-        return RunEvent.objects.filter(run=run).order_by("id")
-
-    def run_url(self, run_id: Any) -> str:
-        return reverse(f"{self.admin_site.name}:nexo_django_agentrun_change", args=[run_id])
-
-    def call_url(self, call_id: Any) -> str:
-        return reverse(f"{self.admin_site.name}:nexo_django_pendingapproval_change", args=[call_id])
-
-    def run_link(self, run_id: Any, label: str | None = None) -> SafeString:
-        return format_html('<a href="{}">{}</a>', self.run_url(run_id), label or str(run_id)[:8])
 
 
 def _started_by(run: AgentRun) -> str:
@@ -277,8 +217,8 @@ class PendingApprovalAdmin(NexoModelAdmin):
 
     @method_decorator(xframe_options_deny)
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        admin_views.refuse_post_without_permission(self, request)
-        admin_views.refuse_nul_in_query(request)
+        views.refuse_post_without_permission(self, request)
+        views.refuse_nul_in_query(request)
         response = super().changelist_view(request, extra_context)
         context = getattr(response, "context_data", None) or {}
         cl = context.get("cl")
@@ -290,17 +230,17 @@ class PendingApprovalAdmin(NexoModelAdmin):
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        return admin_views.decision_view(self, request, object_id)
+        return views.decision_view(self, request, object_id)
 
     # Bulk actions ----------------------------------------------------------------------------
 
     @admin.action(description="Approve selected calls", permissions=["decide"])
     def approve_selected(self, request: HttpRequest, queryset: QuerySet[PendingApproval]) -> None:
-        admin_views.bulk_approve(self, request, queryset)
+        views.bulk_approve(self, request, queryset)
 
     @admin.action(description="Deny selected calls (with one note)", permissions=["decide"])
     def deny_selected(self, request: HttpRequest, queryset: QuerySet[PendingApproval]) -> HttpResponse | None:
-        return admin_views.bulk_deny(self, request, queryset)
+        return views.bulk_deny(self, request, queryset)
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -362,19 +302,19 @@ class AgentRunAdmin(NexoModelAdmin):
 
     @method_decorator(xframe_options_deny)
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        admin_views.refuse_post_without_permission(self, request)
-        admin_views.refuse_nul_in_query(request)
+        views.refuse_post_without_permission(self, request)
+        views.refuse_nul_in_query(request)
         return super().changelist_view(request, {"title": "Agent runs", **(extra_context or {})})
 
     @method_decorator(xframe_options_deny)
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        return admin_views.run_detail_view(self, request, object_id)
+        return views.run_detail_view(self, request, object_id)
 
     @admin.action(description="Cancel selected runs", permissions=["decide"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[AgentRun]) -> None:
-        admin_views.bulk_cancel(self, request, queryset)
+        views.bulk_cancel(self, request, queryset)
 
 
 # --- the decision log ------------------------------------------------------------------------------
@@ -421,6 +361,6 @@ class DecisionAdmin(NexoModelAdmin):
 
     @method_decorator(xframe_options_deny)
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        admin_views.refuse_post_without_permission(self, request)
-        admin_views.refuse_nul_in_query(request)
+        views.refuse_post_without_permission(self, request)
+        views.refuse_nul_in_query(request)
         return super().changelist_view(request, extra_context)

@@ -38,8 +38,8 @@ from django.db.models import AutoField, Field, Model
 from django.db.models.expressions import Col
 from django.db.models.signals import post_save, pre_save
 
-from .models import AgentRun, Decision, RunMessage, ToolCall
-from .storable import (
+from ..models import AgentRun, Decision, RunMessage, ToolCall
+from ..storable import (
     StoredJSONDecoder,
     StoredJSONEncoder,
     StoredJSONField,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeAlias
 
 from django.contrib import messages
 from django.contrib.admin import helpers
@@ -24,9 +24,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from . import runs
-from .admin_forms import APPROVE, APPROVE_EDITED, BACK, DENY_STOP, REVIEW_EDIT, BulkDenyForm
-from .display import (
+from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
+from ..display import (
     count_hidden,
     json_diff,
     json_for_editor,
@@ -38,11 +37,15 @@ from .display import (
     reveal,
     reveal_json,
 )
-from .errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
-from .models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
+from ..durable import runs
+from ..models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
+from .base import NexoModelAdmin
+from .forms import APPROVE, APPROVE_EDITED, BACK, DENY_STOP, REVIEW_EDIT, BulkDenyForm
 
-if TYPE_CHECKING:
-    from .admin import AgentRunAdmin, NexoModelAdmin, PendingApprovalAdmin
+#: the inbox's and the run page's admins (``nexo_django.admin``), which import this module:
+#: named by their base here, with the hooks of their own reached as ``Any``
+PendingApprovalAdmin: TypeAlias = Any
+AgentRunAdmin: TypeAlias = Any
 
 STATUS_WORDS: dict[str, str] = {
     RunStatus.QUEUED: "is queued: a worker will continue it",
