@@ -14,7 +14,7 @@ their sign and type, keys and strings with every character). Model-produced text
 
 The escaped forms (only values that need them are escaped; everything else is stored as is):
 
-- a string with a NUL, a lone surrogate or ``%``... only when it holds NUL or a surrogate:
+- a string holding NUL or a lone surrogate:
   ``{"__nexo__": "str", "v": "<the text with %, NUL and surrogates as %XXXX>"}``;
 - a float that is NaN, infinite, ``-0.0`` or written with a positive exponent:
   ``{"__nexo__": "float", "v": "<repr>"}``;
@@ -23,7 +23,7 @@ The escaped forms (only values that need them are escaped; everything else is st
 - a text column that holds NUL or a surrogate, or starts with U+E000: ``"\\ue000"`` followed by
   the text with ``%``, NUL and surrogates as ``%XXXX``.
 
-Read through Django (the ORM, ``nexo_django.sql``) the values come back decoded. A raw SQL
+Read through Django (the ORM, ``nexo_django.durable.sql``) the values come back decoded. A raw SQL
 reader, a JSON key lookup (``data__content=...``) or a data migration's historical model sees
 the escaped form of the rare values that have one. The fields deconstruct as Django's own
 ``JSONField`` and ``TextField``: the columns are the same, so there is no migration.
