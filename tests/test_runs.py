@@ -489,3 +489,22 @@ def test_scripted_run_resumes_in_its_pinned_workspace_through_the_same_link(tmp_
     run.refresh_from_db()
     assert run.status == RunStatus.DONE, run.error
     assert (staging / "notes.txt").read_text() == "hi"
+
+
+def test_scripted_edited_arguments_in_a_flipped_workspace_are_refused_not_an_error(tmp_path: Path) -> None:
+    from nexo_django.admin.previews import call_preview
+
+    staging, production = tmp_path / "staging", tmp_path / "production"
+    staging.mkdir()
+    production.mkdir()
+    link = tmp_path / "current"
+    link.symlink_to(staging)
+    run = Scribe.run("write hi", cwd=link)
+    _flip(link, production)
+    call = run.pending_calls().get()
+    with pytest.raises(InvalidEditedArguments, match="different workspace"):
+        call.approve(args={"path": "notes.txt", "content": "edited"})
+    preview = call_preview(run, call)
+    assert preview.kind == "unavailable" and "SecurityError" in preview.workspace
+    assert list(production.iterdir()) == [] and list(staging.iterdir()) == []
+    assert ToolCall.objects.get(pk=call.pk).status == CallStatus.PENDING_APPROVAL
