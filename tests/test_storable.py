@@ -370,7 +370,7 @@ class Scaler(Agent):
 @pytest.mark.durable
 @pytest.mark.django_db(transaction=True)
 def test_scripted_approved_float_call_runs_with_the_floats_the_page_showed() -> None:
-    from tests.test_admin_support import approver, client_for, csrf_post, decision_url, page_digest
+    from tests.admin.support import approver, client_for, csrf_post, decision_url, page_digest
 
     Scaler.model.requests.clear()
     run = Scaler.run("scale it")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, TypeAlias
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin import helpers
@@ -44,8 +44,8 @@ from .forms import APPROVE, APPROVE_EDITED, BACK, DENY_STOP, REVIEW_EDIT, BulkDe
 
 #: the inbox's and the run page's admins (``nexo_django.admin``), which import this module:
 #: named by their base here, with the hooks of their own reached as ``Any``
-PendingApprovalAdmin: TypeAlias = Any
-AgentRunAdmin: TypeAlias = Any
+type PendingApprovalAdmin = Any
+type AgentRunAdmin = Any
 
 STATUS_WORDS: dict[str, str] = {
     RunStatus.QUEUED: "is queued: a worker will continue it",

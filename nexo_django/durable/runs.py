@@ -14,8 +14,6 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.contrib.auth.base_user import AbstractBaseUser
-from django.contrib.auth.models import AnonymousUser
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
@@ -129,6 +127,11 @@ def _is_json(value: Any) -> bool:
 
 
 def _check_user(cls: type[Agent], method: str, user: Any) -> None:
+    # Here, not at the top: django.contrib.auth is optional (its models load only when the project
+    # installs it), and this module loads with the app whether or not it does.
+    from django.contrib.auth.base_user import AbstractBaseUser
+    from django.contrib.auth.models import AnonymousUser
+
     if user is not None and not isinstance(user, (AbstractBaseUser, AnonymousUser)):
         raise TypeError(
             f"{cls.__name__}.{method}(user={user!r}): user must be a user object such as "

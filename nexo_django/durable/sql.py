@@ -13,7 +13,7 @@ the row count checked by the caller, the lease fence is part of the same ``WHERE
 The rows are the ORM's: values go in through the fields' own ``get_db_prep_save`` /
 ``get_db_prep_value`` (JSON with the field's encoder, datetimes, UUIDs as the backend stores
 them) and come back through the converters the ORM applies (``ops.get_db_converters`` and the
-field's ``from_db_value``). ``tests/test_sql.py`` reads back through the ORM what is written here.
+field's ``from_db_value``). ``tests/durable/test_sql.py`` reads back through the ORM what is written here.
 
 On PostgreSQL, :class:`Batch` sends each write transaction of the hot path as one statement (a
 data-modifying ``WITH``: the compare-and-set first, every other write conditioned on it), so a

@@ -11,8 +11,8 @@ from nexo_django.admin import previews as admin_preview
 from nexo_django.admin.previews import call_preview, write_diff
 from nexo_django.core.sandboxes import VirtualSandbox
 from nexo_django.core.sandboxes.local import LocalSandbox
+from tests.admin.support import INBOX, make_user
 from tests.durable_agents import Scribe
-from tests.test_admin_support import INBOX, make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 

@@ -23,8 +23,8 @@ from nexo_django.models import (
     RunStatus,
     ToolCall,
 )
+from tests.admin.support import approver, client_for, csrf_post, make_user
 from tests.durable_agents import Scribe
-from tests.test_admin_support import approver, client_for, csrf_post, make_user
 
 
 class OwnCallsInbox(PendingApprovalAdmin):
@@ -45,7 +45,7 @@ site.register(AgentRun, AgentRunAdmin)
 def _docs_recipe() -> AdminSite:
     """docs/admin.md's narrowing recipe, as written there, run against a site of its own (the
     recipe's ``admin.site`` is this site) that starts with the default admins."""
-    text = (Path(__file__).resolve().parent.parent / "docs" / "admin.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "admin.md").read_text()
     match = re.search(r"^```python\n(# myproject/admin\.py\n.*?)^```", text, re.S | re.M)
     assert match, "docs/admin.md has no myproject/admin.py block"
     recipe_site = AdminSite(name="recipe")
