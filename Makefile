@@ -31,6 +31,8 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 RESULTS := .test-results
+PREPARED_TESTS := tests/durable/test_sql.py tests/durable/test_run_queries.py tests/durable/test_runs.py \
+  tests/durable/test_concurrency.py tests/test_storable.py tests/admin/test_admin_decision.py
 
 # The whole suite on SQLite, then the durable tests again on a PostgreSQL the script starts.
 pytest: $(STAMP)
@@ -40,9 +42,11 @@ pytest: $(STAMP)
 	$(PY) -m coverage run -m pytest --junitxml=$(RESULTS)/sqlite.xml $(PYTEST_ARGS)
 	$(PY) -m coverage report --sort=cover --skip-covered | tail -n 12
 	WITH_POSTGRES_PYTHON=$(PY) scripts/with-postgres $(PY) -m pytest -m durable --junitxml=$(RESULTS)/postgres.xml $(PYTEST_ARGS)
-	# ... and once more with prepared statements (docs/deployment.md): every statement prepared.
+	# ... and once more with prepared statements (docs/deployment.md): every statement prepared. The
+	# tests of the statements themselves: what preparing can change is how each one is sent.
 	WITH_POSTGRES_PYTHON=$(PY) WITH_POSTGRES_URL_OPTIONS="server_side_binding=true&prepare_threshold=1" \
-	  scripts/with-postgres $(PY) -m pytest -m durable --junitxml=$(RESULTS)/postgres-prepared.xml $(PYTEST_ARGS)
+	  scripts/with-postgres $(PY) -m pytest -m durable --junitxml=$(RESULTS)/postgres-prepared.xml \
+	  $(or $(PYTEST_ARGS),$(PREPARED_TESTS))
 
 # The other cells of the supported matrix (docs/testing.md): the fast SQLite part.
 matrix: $(STAMP)

@@ -52,6 +52,7 @@ STEPS = [
     Step("approval_cycle_later_postgres", ["bench.approval_cycle", "--db", "postgres", "--start", "run_later"],
          ["--cycles", "30"]),
     Step("loop_overhead", ["bench.loop_overhead"], ["--runs", "5"]),
+    Step("shell_confine", ["bench.shell_confine"], ["--calls", "20"]),
     Step("through_queue", ["bench.through_queue"], ["--samples", "10", "--runs", "20"]),
     Step("inbox_sqlite", ["bench.inbox", "--db", "sqlite"], ["--sizes", "1000,10000", "--renders", "3"]),
     Step("inbox_postgres", ["bench.inbox", "--db", "postgres"], ["--sizes", "1000,10000", "--renders", "3"]),

@@ -17,7 +17,9 @@ from django.utils.module_loading import import_string
 from .conf import DEFAULTS, as_timedelta, nexo_settings
 from .core.errors import ConfigurationError
 from .core.llm import PROVIDERS
+from .core.sandboxes.confine import bwrap_problem
 from .core.tools import Limits
+from .core.tools.shell_settings import shell_policy
 from .durable.queue_health import queue_warning
 from .models import AgentRun
 
@@ -49,7 +51,38 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
         ))
     errors.extend(_check_model())
     errors.extend(_check_values())
+    errors.extend(_check_shell())
     return errors
+
+
+def _check_shell() -> list[CheckMessage]:
+    """E010: NEXO["SHELL"] unusable. W006: confinement is on but bubblewrap cannot run here, so
+    every shell command will be refused (a warning: projects without a local shell still work).
+    W007: confinement is off."""
+    try:
+        limits = Limits.from_mapping(nexo_settings.LIMITS)
+    except (TypeError, ValueError):
+        return []  # E005 says so
+    try:
+        policy = shell_policy(nexo_settings.SHELL, limits)
+    except ConfigurationError as exc:
+        return [Error(str(exc), hint='See docs/settings.md, NEXO["SHELL"].', id="nexo_django.E010")]
+    if not policy.confine:
+        return [Warning(
+            'NEXO["SHELL"]["CONFINE"] is False: shell commands run unconfined, as the worker\'s user, '
+            "with its files and network.",
+            hint="Remove the key to confine them with bubblewrap (docs/sandboxes.md).",
+            id="nexo_django.W007",
+        )]
+    problem = bwrap_problem(policy)
+    if problem is None:
+        return []
+    return [Warning(
+        f"The local sandbox's shell cannot confine commands, so it will refuse every one: {problem}",
+        hint="Install bubblewrap (apt-get install bubblewrap) or point NEXO['SHELL']['BWRAP'] at it; "
+        "NEXO['SHELL']['CONFINE'] = False runs commands unconfined instead.",
+        id="nexo_django.W006",
+    )]
 
 
 def _check_model() -> list[CheckMessage]:

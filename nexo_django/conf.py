@@ -19,6 +19,10 @@ DEFAULTS: dict[str, Any] = {
     "PROVIDERS": {},
     # Overrides of nexo_django.tools.Limits fields, e.g. {"read_max_bytes": 65536}.
     "LIMITS": {},
+    # How the local sandbox's shell runs (docs/sandboxes.md): {"CONFINE": True (bubblewrap; False
+    # runs commands unconfined), "BWRAP": None (path of bwrap; None finds it on PATH), "NETWORK":
+    # [] (hosts reachable through the egress proxy), "READ": [] (more paths visible read-only)}.
+    "SHELL": {},
     # Names never written inside a workspace (fnmatch patterns); None keeps the built-in list.
     "PROTECTED_NAMES": None,
     # Search backend for agents that declare none: a dotted path to callable(query, limit).

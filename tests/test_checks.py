@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from django.core.checks import Error, Warning
 from django.core.management import call_command
@@ -79,6 +81,14 @@ def test_bad_model_string_is_e004(model: str) -> None:
         ({"SEARCH_BACKEND": "nexo_django.conf.DEFAULTS"}, "nexo_django.E007"),
         ({"PROVIDERS": {"openia": {}}}, "nexo_django.E008"),
         ({"PROTECTED_NAMES": ".git/config"}, "nexo_django.E009"),
+        ({"SHELL": {"CONFINED": False}}, "nexo_django.E010"),
+        ({"SHELL": {"CONFINE": "no"}}, "nexo_django.E010"),
+        ({"SHELL": {"NETWORK": "pypi.org"}}, "nexo_django.E010"),
+        ({"SHELL": {"NETWORK": ["https://pypi.org/simple"]}}, "nexo_django.E010"),
+        ({"SHELL": {"READ": ["relative/path"]}}, "nexo_django.E010"),
+        ({"SHELL": {"READ": ["/etc/shadow"]}}, "nexo_django.E010"),
+        ({"SHELL": {"CONFINE": False}}, "nexo_django.W007"),
+        ({"LIMITS": {"shell_memory": 0}}, "nexo_django.E010"),
     ],
 )
 def test_bad_values_have_their_own_ids(extra: dict, expected: str) -> None:
@@ -148,3 +158,28 @@ def test_sqlite_wal_with_a_weaker_sync_is_w003(sync: str) -> None:
 
 def test_sqlite_in_memory_has_no_journal_to_warn_about() -> None:
     assert sqlite_journal_messages("default", sqlite(name=":memory:")) == []
+
+
+def test_missing_bubblewrap_is_w006_naming_bubblewrap_and_the_fix() -> None:
+    with override_settings(NEXO={"MODEL": "openai:x", "SHELL": {"BWRAP": "/nonexistent/bwrap"}}):
+        messages = check_settings()
+    assert ids(messages) == ["nexo_django.W006"]
+    assert "bubblewrap" in messages[0].msg and "/nonexistent/bwrap" in messages[0].msg
+    assert "apt-get install bubblewrap" in messages[0].hint and "CONFINE" in messages[0].hint
+
+
+def test_a_bubblewrap_that_cannot_make_its_sandbox_is_w006(tmp_path: Path) -> None:
+    # A "bwrap" that fails the way one blocked by AppArmor does: it runs, and cannot create
+    # the namespaces.
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with override_settings(NEXO={"MODEL": "openai:x", "SHELL": {"BWRAP": str(fake)}}):
+        messages = check_settings()
+    assert ids(messages) == ["nexo_django.W006"]
+    assert "uid map" in messages[0].msg and "user namespaces" in messages[0].msg
+
+
+def test_working_bubblewrap_passes_the_shell_check() -> None:
+    with override_settings(NEXO={"MODEL": "openai:x", "SHELL": {"CONFINE": True, "NETWORK": ["pypi.org"], "READ": ["/opt"]}}):
+        assert check_settings() == []

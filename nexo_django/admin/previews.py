@@ -28,6 +28,7 @@ class CallPreview:
     kind: str = ""  # "new" | "changed" | "unchanged" | "unavailable" | "" (not a write)
     diff: list[tuple[str, SafeString]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was capped, why nothing is shown
+    confinement: str = ""  # for a shell call: what the command will run under, and may reach
 
 
 def describe_workspace(sandbox: Sandbox) -> str:
@@ -36,6 +37,13 @@ def describe_workspace(sandbox: Sandbox) -> str:
     if sandbox.kind == "virtual":
         return "an in-memory tree stored with the run (nothing on disk)"
     return f"a {sandbox.kind or type(sandbox).__name__} sandbox"
+
+
+def describe_confinement(sandbox: Sandbox) -> str:
+    describe = getattr(sandbox, "describe_shell", None)
+    if callable(describe):
+        return str(describe())
+    return f"the {sandbox.kind or type(sandbox).__name__} sandbox runs no shell command" if not sandbox.can_shell else "unknown"
 
 
 def _text(data: bytes, what: str, notes: list[str]) -> str:
@@ -98,6 +106,9 @@ def call_preview(run: AgentRun, call: ToolCall) -> CallPreview:
     try:
         if call.capability == "write" and call.name == "write" and isinstance(call.args, dict):
             return write_diff(agent.workspace, call.args.get("path"), call.args.get("content"))
-        return CallPreview(describe_workspace(agent.workspace))
+        preview = CallPreview(describe_workspace(agent.workspace))
+        if call.capability == "shell":
+            preview.confinement = describe_confinement(agent.workspace)
+        return preview
     finally:
         agent.close()

@@ -35,7 +35,10 @@ from .llm.base import Message, add_usage
 from .mcp import MCPManager
 from .permissions import MODES, Permissions, Verdict
 from .sandboxes import Sandbox, make_sandbox
+from .sandboxes.confine import ShellPolicy
 from .tools import FETCH, GLOB, READ, SEARCH, SHELL, WRITE, Limits, Tool, ToolContext, error
+from .tools.egress import EgressProxy
+from .tools.shell_settings import shell_policy
 
 EventCallback = Callable[[str, dict[str, Any]], None]
 
@@ -243,6 +246,13 @@ def _denial(name: str, decision: CallDecision) -> str:
         return f"{name} denied by a standing rule{note}"
     return f"{name} denied by the approver{note}"
 
+def _give_egress(workspace: Sandbox) -> None:
+    """A local sandbox built elsewhere (an instance on the class, one rebuilt from a durable
+    run's spec) gets the egress proxy its NETWORK hosts need: the sandboxes import no tool."""
+    policy = getattr(workspace, "shell_policy", None)
+    if isinstance(policy, ShellPolicy) and policy.egress is None:
+        workspace.shell_policy = dataclasses.replace(policy, egress=EgressProxy)  # type: ignore[attr-defined]
+
 
 class Agent:
     """Declare an agent by subclassing; see docs/agents.md."""
@@ -281,13 +291,15 @@ class Agent:
         self.cwd = os.fspath(cwd) if cwd is not None else None
         self.gate: Permissions = Permissions.resolve(permissions if permissions is not None else cls.permissions)
         protected = config.get("PROTECTED_NAMES")
+        self.limits = Limits.from_mapping(config.get("LIMITS") or {})
         self.workspace: Sandbox = make_sandbox(
             sandbox if sandbox is not None else cls.sandbox,
             self.cwd,
             protected=tuple(protected) if protected is not None else None,
+            shell=shell_policy(config.get("SHELL") or {}, self.limits),
         )
+        _give_egress(self.workspace)
         self.llm = resolve_model(self._pick_model(model, config.get("MODEL")), config.get("PROVIDERS") or {})
-        self.limits = Limits.from_mapping(config.get("LIMITS") or {})
         self.on_event = on_event
         self.search = self._pick_search(config.get("SEARCH_BACKEND"))
         self.fetch_hosts = self._fetch_allow()

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..models import AgentRun
 
 #: the settings the core agent is built from (:meth:`CoreAgent.configuration`)
-AGENT_SETTINGS = ("MODEL", "PROVIDERS", "LIMITS", "PROTECTED_NAMES", "SEARCH_BACKEND")
+AGENT_SETTINGS = ("MODEL", "PROVIDERS", "LIMITS", "PROTECTED_NAMES", "SEARCH_BACKEND", "SHELL")
 
 
 class Agent(CoreAgent):

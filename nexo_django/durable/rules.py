@@ -18,7 +18,7 @@ When several rules match, ``denied`` beats ``approved`` (then the oldest rule).
 The approval cycle should not pay a query for rules nobody wrote: a process remembers for
 ``NEGATIVE_SECONDS`` that no enabled rule names a tool (never that one does: a rule disabled a
 moment ago is never applied). Saving or deleting a rule in this process forgets it at once
-(``AppConfig.ready`` wires it); another process sees a new rule within that second. With
+(``AppConfig.ready`` wires it); another process sees a new rule within those seconds. With
 ``NEXO["SELF_APPROVAL"]`` off, a rule does not approve the calls of runs its own creator started:
 a rule decides on its creator's behalf, and four eyes means a second person.
 """
@@ -40,7 +40,7 @@ from ..models import ApprovalRule, ToolCall, Verdict
 from . import sql
 
 PATH_CAPABILITIES = frozenset({"read", "write"})
-NEGATIVE_SECONDS = 1.0
+NEGATIVE_SECONDS = 5.0
 #: tool name -> monotonic time until which "no enabled rule names it" is taken as known here
 _none_until: dict[str, float] = {}
 

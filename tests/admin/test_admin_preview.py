@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from django.test import Client
+from django.test import Client, override_settings
 
+from nexo_django import Agent
 from nexo_django.admin import previews as admin_preview
 from nexo_django.admin.previews import call_preview, write_diff
 from nexo_django.core.sandboxes import VirtualSandbox
 from nexo_django.core.sandboxes.local import LocalSandbox
+from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.admin.support import INBOX, make_user
 from tests.durable_agents import Scribe
 
@@ -88,3 +90,43 @@ def test_a_call_that_is_not_a_write_shows_the_workspace_only(tmp_path: Path) -> 
     preview = call_preview(run, call)
     assert preview.kind == "" and preview.diff == []
     assert str(tmp_path.resolve()) in preview.workspace
+
+
+class ShellRunner(Agent):
+    """Scripted: asks to run one shell command, under approve."""
+
+    model = ScriptedModel([tool_call("shell", command="make build"), reply("Built.")])
+    sandbox = "local"
+    permissions = "approve"
+
+
+def test_a_shell_call_says_which_confinement_and_hosts_it_runs_under(tmp_path: Path) -> None:
+    with override_settings(NEXO={"SHELL": {"NETWORK": ["pypi.example.org", "*.corp.example"]}}):
+        run = ShellRunner.run("build it", cwd=tmp_path)
+        [call] = run.pending_calls()
+        preview = call_preview(run, call)
+        assert preview.confinement.startswith("bubblewrap:")
+        assert "pypi.example.org, *.corp.example" in preview.confinement
+        client = Client()
+        client.force_login(make_user("bob", "nexo_django.decide_toolcall"))
+        page = client.get(f"{INBOX}{call.pk}/change/").content.decode()
+    assert 'id="confinement"' in page and "through the egress proxy" in page
+
+
+def test_a_shell_call_without_hosts_says_no_network(tmp_path: Path) -> None:
+    run = ShellRunner.run("build it", cwd=tmp_path)
+    [call] = run.pending_calls()
+    assert "no network" in call_preview(run, call).confinement
+
+
+def test_an_unconfined_shell_call_says_so(tmp_path: Path) -> None:
+    with override_settings(NEXO={"SHELL": {"CONFINE": False}}):
+        run = ShellRunner.run("build it", cwd=tmp_path)
+        [call] = run.pending_calls()
+        assert call_preview(run, call).confinement.startswith("NOT confined")
+
+
+def test_a_write_call_has_no_confinement_line(tmp_path: Path) -> None:
+    run = Scribe.run("write hi", cwd=tmp_path)
+    [call] = run.pending_calls()
+    assert call_preview(run, call).confinement == ""

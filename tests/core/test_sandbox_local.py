@@ -3,6 +3,7 @@ sandbox level (the attacks through the tools are in test_tools_files.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from nexo_django import ConfigurationError, SecurityError
 from nexo_django.core.sandboxes import StaleWrite, from_spec, make_sandbox
+from nexo_django.core.sandboxes.confine import ShellPolicy
 from nexo_django.core.sandboxes.local import LocalSandbox
 
 OUTSIDE = b"outside\n"
@@ -51,14 +53,26 @@ def test_root_is_canonical_and_a_string(ws: Path) -> None:
 
 
 def test_spec_rebuilds_the_same_sandbox(ws: Path) -> None:
-    sandbox = LocalSandbox(ws, protected=("*.lock",))
+    policy = ShellPolicy(network=("pypi.example.org",), read=("/opt",), memory=1024**3)
+    sandbox = LocalSandbox(ws, protected=("*.lock",), shell=policy)
     spec = sandbox.spec()
-    assert spec == {"kind": "local", "root": str(ws), "protected": ["*.lock"]}
-    again = from_spec(spec)
+    assert spec == {"kind": "local", "root": str(ws), "protected": ["*.lock"], "shell": policy.to_spec()}
+    again = from_spec(json.loads(json.dumps(spec)))  # as stored in the database
     assert isinstance(again, LocalSandbox)
     assert again.root == sandbox.root and again.protected == ("*.lock",)
+    assert again.shell_policy == policy
     with pytest.raises(SecurityError):
         again.write("x.lock", b"", expected_version=None)
+
+
+def test_a_spec_without_shell_rebuilds_a_confined_sandbox(ws: Path) -> None:
+    again = from_spec({"kind": "local", "root": str(ws), "protected": []})
+    assert isinstance(again, LocalSandbox) and again.shell_policy.confine is True
+
+
+def test_unconfined_spec_stays_unconfined(ws: Path) -> None:
+    again = from_spec(LocalSandbox(ws, confine=False).spec())
+    assert isinstance(again, LocalSandbox) and again.shell_policy.confine is False
 
 
 def test_make_sandbox_local_needs_a_folder(ws: Path) -> None:

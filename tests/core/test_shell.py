@@ -1,6 +1,9 @@
-"""The ``shell`` tool over a local workspace. Not a sandbox (docs/sandboxes.md): these tests check
-what it does promise: a fresh minimal environment, no stdin, no inherited descriptors, its own
-process group killed at the timeout, output capped in bytes, a timeout returned as ``{"error"}``."""
+"""The ``shell`` tool over a local workspace: what both the confined (bubblewrap, the default) and
+the unconfined (``confine=False``) shell promise: a fresh minimal environment, no stdin, no
+inherited descriptors, its own process group killed at the timeout, output capped in bytes, a
+timeout returned as ``{"error"}``. Tests named for the unconfined shell check what only it does
+(a HOME and TMPDIR made on the worker's disk, the non-dumpable worker); what confinement adds is
+tested in test_shell_confine.py."""
 
 from __future__ import annotations
 
@@ -25,35 +28,67 @@ def ws(tmp_path: Path) -> Path:
     return folder
 
 
-def shell(ws: Path, command: str, **limits: Any) -> dict[str, Any]:
-    ctx = ToolContext(sandbox=LocalSandbox(ws), permissions=Permissions("auto"), limits=Limits(**limits))
+@pytest.fixture(params=[True, False], ids=["confined", "unconfined"])
+def confine(request: pytest.FixtureRequest) -> bool:
+    flag: bool = request.param
+    return flag
+
+
+def shell(ws: Path, command: str, *, confine: bool = True, **limits: Any) -> dict[str, Any]:
+    ctx = ToolContext(sandbox=LocalSandbox(ws, confine=confine), permissions=Permissions("auto"), limits=Limits(**limits))
     return SHELL.invoke({"command": command}, ctx)
 
 
 def gone(pid: int, within: float = 3.0) -> bool:
     """The process no longer runs (absent, or a zombie waiting for a reaper)."""
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    while True:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:
             return True
         if state in ("Z", "X"):
             return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def none_running(marker: str, within: float = 3.0) -> bool:
+    """No live process on this machine has ``marker`` in its command line. Pids inside a
+    confined shell's PID namespace mean nothing out here: look for the command itself."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        alive = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes() and not gone(int(entry.name), within=0):
+                    alive.append(entry.name)
+            except OSError:
+                continue
+        if not alive:
+            return True
         time.sleep(0.02)
     return False
 
 
-def test_runs_in_the_workspace_and_reports_the_exit_code(ws: Path) -> None:
-    result = shell(ws, "pwd; echo oops >&2; exit 3")
+def unique_sleep() -> str:
+    """A ``sleep`` argument no other process on the machine uses."""
+    return f"{30 + int.from_bytes(os.urandom(3), 'big') / 1e7:.7f}"
+
+
+def test_runs_in_the_workspace_and_reports_the_exit_code(ws: Path, confine: bool) -> None:
+    result = shell(ws, "pwd; echo oops >&2; exit 3", confine=confine)
     assert result == {"exit_code": 3, "stdout": f"{os.path.realpath(ws)}\n", "stderr": "oops\n", "truncated": False}
 
 
-def test_environment_is_fresh_and_minimal(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_is_fresh_and_minimal(ws: Path, monkeypatch: pytest.MonkeyPatch, confine: bool) -> None:
     monkeypatch.setenv("NEXO_TEST_SECRET", "hunter2")
     monkeypatch.setenv("LD_PRELOAD", "/nonexistent/evil.so")
     monkeypatch.setenv("PYTHONPATH", "/nonexistent")
-    result = shell(ws, "env")
+    result = shell(ws, "env", confine=confine)
     env = dict(line.split("=", 1) for line in result["stdout"].splitlines())
     assert "hunter2" not in result["stdout"]
     assert "LD_PRELOAD" not in env and "BASH_ENV" not in env and "PYTHONPATH" not in env
@@ -62,9 +97,9 @@ def test_environment_is_fresh_and_minimal(ws: Path, monkeypatch: pytest.MonkeyPa
     assert env["LANG"] == "C.UTF-8" and env["PYTHONNOUSERSITE"] == "1"
 
 
-def test_home_is_private_empty_fresh_and_removed_afterwards(ws: Path) -> None:
+def test_unconfined_home_is_private_empty_fresh_and_removed_afterwards(ws: Path) -> None:
     command = 'echo "$HOME"; stat -c %a "$HOME"; ls -A "$HOME" | wc -l; echo x > "$HOME/.bash_history"'
-    first, second = shell(ws, command), shell(ws, command)
+    first, second = shell(ws, command, confine=False), shell(ws, command, confine=False)
     home, mode, entries = first["stdout"].split()
     assert (mode, entries) == ("700", "0")
     assert not home.startswith(os.path.realpath(ws)) and not os.path.exists(home)
@@ -73,26 +108,26 @@ def test_home_is_private_empty_fresh_and_removed_afterwards(ws: Path) -> None:
     assert os.listdir(ws) == []
 
 
-def test_python_user_site_packages_are_off(ws: Path) -> None:
+def test_python_user_site_packages_are_off(ws: Path, confine: bool) -> None:
     if not os.path.exists("/usr/bin/python3"):
         pytest.fail("this test needs /usr/bin/python3 (apt-get install python3)")
-    result = shell(ws, "python3 -c 'import site; print(site.ENABLE_USER_SITE)'")
+    result = shell(ws, "python3 -c 'import site; print(site.ENABLE_USER_SITE)'", confine=confine)
     assert result["stdout"] == "False\n"
 
 
-def test_bash_env_of_the_worker_is_not_sourced(ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bash_env_of_the_worker_is_not_sourced(ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, confine: bool) -> None:
     marker = tmp_path / "sourced"
     script = tmp_path / "evil-bashenv"
     script.write_text(f"touch {marker}\n")
     monkeypatch.setenv("BASH_ENV", str(script))
     monkeypatch.setenv("ENV", str(script))
-    result = shell(ws, "bash -c true; sh -c true")
+    result = shell(ws, "bash -c true; sh -c true", confine=confine)
     assert result["exit_code"] == 0
     assert not marker.exists()
 
 
-def test_tmpdir_is_private_and_removed_afterwards(ws: Path) -> None:
-    result = shell(ws, 'echo "$TMPDIR"; touch "$TMPDIR/scratch" && echo ok')
+def test_unconfined_tmpdir_is_private_and_removed_afterwards(ws: Path) -> None:
+    result = shell(ws, 'echo "$TMPDIR"; touch "$TMPDIR/scratch" && echo ok', confine=False)
     tmpdir, ok = result["stdout"].split()
     assert ok == "ok"
     assert not tmpdir.startswith(str(ws))
@@ -113,19 +148,19 @@ def stdin_held_open() -> Iterator[None]:
             os.close(fd)
 
 
-def test_stdin_is_empty(ws: Path, stdin_held_open: None) -> None:
+def test_stdin_is_empty(ws: Path, stdin_held_open: None, confine: bool) -> None:
     started = time.monotonic()
-    result = shell(ws, "cat; echo read-all", shell_timeout=5)
+    result = shell(ws, "cat; echo read-all", shell_timeout=5, confine=confine)
     assert result["exit_code"] == 0 and result["stdout"] == "read-all\n"
     assert time.monotonic() - started < 2.5
 
 
-def test_no_descriptor_is_inherited(ws: Path) -> None:
+def test_no_descriptor_is_inherited(ws: Path, confine: bool) -> None:
     read_end, write_end = os.pipe()
     os.set_inheritable(read_end, True)
     os.set_inheritable(write_end, True)
     try:
-        result = shell(ws, f"for fd in {read_end} {write_end}; do [ -e /proc/$$/fd/$fd ] && echo leaked $fd; done; ls /proc/$$/fd")
+        result = shell(ws, f"for fd in {read_end} {write_end}; do [ -e /proc/$$/fd/$fd ] && echo leaked $fd; done; ls /proc/$$/fd", confine=confine)
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -133,50 +168,53 @@ def test_no_descriptor_is_inherited(ws: Path) -> None:
     assert {int(fd) for fd in result["stdout"].split()} == {0, 1, 2}
 
 
-def test_timeout_is_an_error_with_the_output_so_far(ws: Path) -> None:
+def test_timeout_is_an_error_with_the_output_so_far(ws: Path, confine: bool) -> None:
     started = time.monotonic()
-    result = shell(ws, "echo started; sleep 30", shell_timeout=0.5)
+    result = shell(ws, "echo started; sleep 30", shell_timeout=0.5, confine=confine)
     assert result["error"] == "shell: command timed out after 0.5 s"
     assert result["stdout"] == "started\n"
     assert time.monotonic() - started < 3
 
 
-def test_timeout_kills_the_whole_process_group(ws: Path) -> None:
+def test_timeout_kills_the_whole_process_group(ws: Path, confine: bool) -> None:
     # The background child keeps stdout open, so the command only ends at the timeout.
-    result = shell(ws, "sleep 30 & echo $!; wait", shell_timeout=0.5)
+    marker = unique_sleep()
+    result = shell(ws, f"sleep {marker} & echo $!; wait", shell_timeout=0.5, confine=confine)
     assert "timed out" in result["error"]
-    assert gone(int(result["stdout"]))
+    assert int(result["stdout"]) > 0  # it did start
+    assert none_running(marker)
 
 
-def test_background_child_does_not_outlive_a_finished_command(ws: Path) -> None:
-    result = shell(ws, "sleep 30 >/dev/null 2>&1 & echo $!", shell_timeout=5)
-    assert result["exit_code"] == 0
-    assert gone(int(result["stdout"]))
+def test_background_child_does_not_outlive_a_finished_command(ws: Path, confine: bool) -> None:
+    marker = unique_sleep()
+    result = shell(ws, f"sleep {marker} >/dev/null 2>&1 & echo $!", shell_timeout=5, confine=confine)
+    assert result["exit_code"] == 0 and int(result["stdout"]) > 0
+    assert none_running(marker)
 
 
-def test_runs_in_its_own_session(ws: Path) -> None:
-    result = shell(ws, "cut -d' ' -f6 /proc/$$/stat")  # field 6: the session id
+def test_runs_in_its_own_session(ws: Path, confine: bool) -> None:
+    result = shell(ws, "cut -d' ' -f6 /proc/$$/stat", confine=confine)  # field 6: the session id
     assert int(result["stdout"]) != os.getsid(0)
 
 
-def test_output_is_capped_in_bytes(ws: Path) -> None:
-    result = shell(ws, "head -c 5000 /dev/zero | tr '\\0' a; echo done >&2", shell_max_output=1000)
+def test_output_is_capped_in_bytes(ws: Path, confine: bool) -> None:
+    result = shell(ws, "head -c 5000 /dev/zero | tr '\\0' a; echo done >&2", shell_max_output=1000, confine=confine)
     assert result["stdout"] == "a" * 1000
     assert result["stderr"] == "done\n"
     assert result["truncated"] is True and result["exit_code"] == 0
 
 
-def test_endless_output_is_stopped_not_drained_until_the_timeout(ws: Path) -> None:
+def test_endless_output_is_stopped_not_drained_until_the_timeout(ws: Path, confine: bool) -> None:
     started = time.monotonic()
-    result = shell(ws, "yes", shell_max_output=1000, shell_timeout=20)
+    result = shell(ws, "yes", shell_max_output=1000, shell_timeout=20, confine=confine)
     assert time.monotonic() - started < 5
     assert result["stdout"] == "y\n" * 500
     assert result["truncated"] is True
     assert "stopped" in result["note"]
 
 
-def test_invalid_utf8_output_is_replaced(ws: Path) -> None:
-    result = shell(ws, "printf 'ok\\377\\376'")
+def test_invalid_utf8_output_is_replaced(ws: Path, confine: bool) -> None:
+    result = shell(ws, "printf 'ok\\377\\376'", confine=confine)
     assert result["stdout"] == "ok\ufffd\ufffd"
 
 
@@ -210,7 +248,7 @@ WORKER = r"""
 import ctypes, json, os, subprocess, sys
 from nexo_django.core.sandboxes.local import LocalSandbox
 from nexo_django.core.sandboxes.shell import is_dumpable
-sandbox = LocalSandbox(sys.argv[1])
+sandbox = LocalSandbox(sys.argv[1], confine=False)
 if os.geteuid() == 0:
     os.setgroups([])
     os.setgid(65534)
@@ -252,7 +290,7 @@ def as_unprivileged_worker(script: str, ws: Path, **env: str) -> dict[str, Any]:
     return seen
 
 
-def test_the_workers_environment_is_not_readable_through_proc_ppid(open_ws: Path) -> None:
+def test_unconfined_the_workers_environment_is_not_readable_through_proc_ppid(open_ws: Path) -> None:
     secret = "nexo-test-secret-" + os.urandom(8).hex()
     seen = as_unprivileged_worker(WORKER, open_ws, NEXO_TEST_WORKER_SECRET=secret)
     assert seen["uid"] != 0  # an unprivileged reader, as the worker's own user
@@ -270,14 +308,14 @@ LOCKER = WORKER.replace(
 )
 
 
-def test_a_home_the_command_locked_is_still_removed(open_ws: Path) -> None:
+def test_unconfined_a_home_the_command_locked_is_still_removed(open_ws: Path) -> None:
     seen = as_unprivileged_worker(LOCKER, open_ws)
     assert seen["uid"] != 0  # root would remove it whatever its modes
     home = seen["result"]["stdout"].strip()
     assert home.endswith("/home") and not os.path.exists(os.path.dirname(home))
 
 
-def test_root_still_reads_a_non_dumpable_workers_environment(open_ws: Path) -> None:
+def test_unconfined_root_still_reads_a_non_dumpable_workers_environment(open_ws: Path) -> None:
     # The caveat docs/sandboxes.md states: the flag stops the worker's own user, not root
     # (CAP_SYS_PTRACE). This test process is the reader; as an unprivileged user it is refused.
     import subprocess
@@ -286,7 +324,7 @@ def test_root_still_reads_a_non_dumpable_workers_environment(open_ws: Path) -> N
     secret = "nexo-test-secret-" + os.urandom(8).hex()
     holder = (
         "import sys\nfrom nexo_django.sandboxes.local import LocalSandbox\n"
-        "LocalSandbox(sys.argv[1]).shell('true', timeout=10, max_output=100)\n"
+        "LocalSandbox(sys.argv[1], confine=False).shell('true', timeout=10, max_output=100)\n"
         "print('ready', flush=True)\nsys.stdin.read()\n"
     )
     child = subprocess.Popen(

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .base import DEFAULT_PROTECTED, FileRead, GlobResult, Sandbox, StaleWrite
+from .confine import ShellPolicy
 from .local import LocalSandbox
 from .virtual import VirtualSandbox
 
@@ -15,6 +16,7 @@ __all__ = [
     "GlobResult",
     "LocalSandbox",
     "Sandbox",
+    "ShellPolicy",
     "StaleWrite",
     "VirtualSandbox",
     "from_spec",
@@ -22,8 +24,9 @@ __all__ = [
 ]
 
 
-def make_sandbox(value: Any, cwd: Any = None, *, protected: tuple[str, ...] | None = None) -> Sandbox:
-    """``"virtual"`` (default), ``"local"`` (needs ``cwd``), or a :class:`Sandbox` instance."""
+def make_sandbox(value: Any, cwd: Any = None, *, protected: tuple[str, ...] | None = None, shell: Any = None) -> Sandbox:
+    """``"virtual"`` (default), ``"local"`` (needs ``cwd``), or a :class:`Sandbox` instance.
+    ``shell`` (a ``ShellPolicy``) is how a ``"local"`` sandbox built here runs commands."""
     if isinstance(value, Sandbox):
         return value
     extra: dict[str, Any] = {} if protected is None else {"protected": protected}
@@ -34,7 +37,7 @@ def make_sandbox(value: Any, cwd: Any = None, *, protected: tuple[str, ...] | No
             raise ConfigurationError(
                 'the "local" sandbox needs a workspace folder: pass cwd=... when you build the agent'
             )
-        return LocalSandbox(cwd, **extra)
+        return LocalSandbox(cwd, **extra, shell=shell)
     raise ConfigurationError(
         f'unknown sandbox {value!r}: use "virtual", "local", or a Sandbox instance'
     )
@@ -48,5 +51,7 @@ def from_spec(spec: dict[str, Any]) -> Sandbox:
     if kind == "virtual":
         return VirtualSandbox(spec.get("files") or {}, **extra)
     if kind == "local":
-        return LocalSandbox(spec["root"], **extra)
+        # A spec from before confinement existed has no "shell": it gets the default, confined.
+        shell = ShellPolicy.from_spec(spec["shell"]) if isinstance(spec.get("shell"), dict) else None
+        return LocalSandbox(spec["root"], **extra, shell=shell)
     raise ConfigurationError(f"cannot rebuild a sandbox from {spec!r}")

@@ -4,11 +4,13 @@ Every operation opens the root (canonicalised once, at construction) and walks t
 component at a time with ``O_NOFOLLOW``, relative to the directory descriptor it already holds.
 A symbolic link anywhere on the way is refused, so whatever changed on disk since a path was
 checked (a directory swapped for a link while a call waited for approval), the descriptor that is
-finally read or written is inside the root. The shell is NOT confined: see docs/sandboxes.md.
+finally read or written is inside the root. ``shell`` runs under bubblewrap unless the sandbox
+was built with ``confine=False`` (:mod:`.confine`; docs/sandboxes.md says what each promises).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fnmatch
 import hashlib
@@ -22,6 +24,8 @@ from typing import Any
 
 from ..errors import ConfigurationError, SecurityError
 from .base import DEFAULT_PROTECTED, MAX_PATH_CHARS, FileRead, GlobResult, Sandbox, StaleWrite
+from .confine import ShellPolicy
+from .confined import run_confined
 from .shell import run_shell
 from .virtual import _glob_match
 
@@ -60,7 +64,14 @@ class LocalSandbox(Sandbox):
     can_write = True
     can_shell = True
 
-    def __init__(self, root: str | os.PathLike[str], *, protected: tuple[str, ...] = DEFAULT_PROTECTED) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        protected: tuple[str, ...] = DEFAULT_PROTECTED,
+        confine: bool | None = None,
+        shell: ShellPolicy | None = None,
+    ) -> None:
         given = os.fspath(root)
         # Resolved once: a symlink in front of the root is followed now and never again.
         self.root: str = os.path.realpath(given)
@@ -74,6 +85,11 @@ class LocalSandbox(Sandbox):
             raise ConfigurationError(f"the local sandbox root {given!r} ({self.root}) is not a directory")
         self._root_id = (st.st_dev, st.st_ino)
         self.protected: tuple[str, ...] = tuple(protected)
+        policy = shell if shell is not None else ShellPolicy()
+        if confine is not None and confine != policy.confine:
+            policy = dataclasses.replace(policy, confine=confine)
+        #: How ``shell`` runs; fixed at construction: nothing the model sends changes it.
+        self.shell_policy: ShellPolicy = policy
 
     def __repr__(self) -> str:
         return f"LocalSandbox({self.root!r})"
@@ -267,13 +283,26 @@ class LocalSandbox(Sandbox):
     # --- shell -----------------------------------------------------------------------------
 
     def shell(self, command: str, *, timeout: float, max_output: int) -> dict[str, Any]:
-        """Run ``/bin/sh -c command`` in the root. Not a sandbox: it limits, it does not confine."""
+        """Run ``/bin/sh -c command`` in the root: under bubblewrap (fails closed), or, built with
+        ``confine=False``, unconfined (it limits, it does not confine)."""
         fd = self._open_root()  # refuses a root that was swapped since construction
-        os.close(fd)
+        try:
+            if self.shell_policy.confine:
+                return run_confined(command, self.root, fd, self.protected, self.shell_policy, timeout, max_output)
+        finally:
+            os.close(fd)
         return run_shell(command, self.root, timeout, max_output)
 
+    def describe_shell(self) -> str:
+        return self.shell_policy.describe()
+
     def spec(self) -> dict[str, Any]:
-        return {"kind": "local", "root": self.root, "protected": list(self.protected)}
+        return {"kind": "local", "root": self.root, "protected": list(self.protected), "shell": self.shell_policy.to_spec()}
+
+    def identity(self) -> dict[str, Any]:
+        """The root's real path and identity (``st_dev``, ``st_ino``), as resolved at construction:
+        a durable run pins them when it starts and refuses to act in another workspace."""
+        return {"root": self.root, "dev": self._root_id[0], "ino": self._root_id[1]}
 
 
 class _Stop(Exception):

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
@@ -76,7 +77,7 @@ def run_shell(command: str, cwd: str, timeout: float, max_output: int) -> dict[s
         home, tmpdir = os.path.join(scratch, "home"), os.path.join(scratch, "tmp")
         os.mkdir(home, 0o700)
         os.mkdir(tmpdir, 0o700)
-        return _run(command, cwd, shell_env(home, tmpdir), timeout, max_output)
+        return _run(["/bin/sh", "-c", command], cwd, shell_env(home, tmpdir), timeout, max_output)
     finally:
         _remove(scratch)
 
@@ -113,9 +114,22 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def _run(command: str, cwd: str, env: dict[str, str], timeout: float, max_output: int) -> dict[str, Any]:
+#: Called once the process exists, before any output is read: returns an error to stop it.
+Started = Callable[[subprocess.Popen[bytes], float], "str | None"]
+
+
+def _run(
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    timeout: float,
+    max_output: int,
+    *,
+    pass_fds: tuple[int, ...] = (),
+    started: Started | None = None,
+) -> dict[str, Any]:
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", command],
+        argv,
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -123,9 +137,18 @@ def _run(command: str, cwd: str, env: dict[str, str], timeout: float, max_output
         stderr=subprocess.PIPE,
         start_new_session=True,  # its own session and process group, killed as a whole
         close_fds=True,
+        pass_fds=pass_fds,
     )
     assert proc.stdout is not None and proc.stderr is not None
     deadline = time.monotonic() + timeout
+    refused = started(proc, deadline) if started is not None else None
+    if refused is not None:
+        _killpg(proc.pid)
+        proc.wait()
+        stderr = proc.stderr.read(max_output).decode("utf-8", "replace")
+        proc.stdout.close()
+        proc.stderr.close()
+        return {"error": refused, "stderr": stderr}
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
     kept: dict[int, bytearray] = {out_fd: bytearray(), err_fd: bytearray()}
     drained = 0

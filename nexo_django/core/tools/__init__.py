@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .base import Limits, Tool, ToolContext, ToolResult, error, tool
+from .egress import EgressProxy
 from .files import GLOB, READ, WRITE
 from .shell import SHELL
 from .web import FETCH, SEARCH
@@ -18,6 +19,7 @@ __all__ = [
     "SEARCH",
     "SHELL",
     "WRITE",
+    "EgressProxy",
     "Limits",
     "Tool",
     "ToolContext",

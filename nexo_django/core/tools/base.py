@@ -36,6 +36,15 @@ class Limits:
     glob_timeout: float = 5.0
     shell_timeout: float = 30.0
     shell_max_output: int = 64 * 1024
+    # Caps of a confined shell command (docs/sandboxes.md); the same defaults as ShellPolicy's
+    # (tests/test_shell_confine.py checks they agree).
+    shell_memory: int = 2 * 1024**3
+    shell_processes: int = 256
+    shell_file_size: int = 1024**3
+    shell_cpu_seconds: int = 60
+    shell_tmp_size: int = 256 * 1024**2
+    shell_ports: tuple[int, ...] = (80, 443)
+    shell_allow_private: bool = False
     fetch_timeout: float = 20.0
     fetch_max_bytes: int = 2 * 1024 * 1024
     fetch_max_redirects: int = 5
@@ -54,8 +63,9 @@ class Limits:
         if unknown:
             raise ValueError(f"unknown limit(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         data = dict(values)
-        if "fetch_ports" in data:
-            data["fetch_ports"] = tuple(data["fetch_ports"])
+        for key in ("fetch_ports", "shell_ports"):
+            if key in data:
+                data[key] = tuple(data[key])
         return cls(**data)
 
 

@@ -286,8 +286,10 @@ class Guard:
         resolve: Resolver,
         deadline: float,
         timeout: float,
+        private_hint: str = PRIVATE_HINT,
     ) -> None:
         self.allow = allow
+        self.private_hint = private_hint
         self.allow_private = allow_private
         self.resolve = resolve
         self.deadline = deadline
@@ -315,7 +317,7 @@ class Guard:
             problem = classify(ip)
             if problem is None or (problem.private and self.allow_private):
                 continue
-            hint = PRIVATE_HINT if problem.private else "never fetched, whatever the settings"
+            hint = self.private_hint if problem.private else "never fetched, whatever the settings"
             if literal is not None:
                 why = f"{ip} is a blocked {problem.label}"
             elif len(found) == 1:

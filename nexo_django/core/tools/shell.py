@@ -1,4 +1,5 @@
-"""``shell``: run a command in the workspace. Not a sandbox: see docs/sandboxes.md."""
+"""``shell``: run a command in the workspace, confined by the sandbox (bubblewrap for ``local``,
+unless it was built with ``confine=False``): see docs/sandboxes.md."""
 
 from __future__ import annotations
 

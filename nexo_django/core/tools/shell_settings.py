@@ -1,0 +1,54 @@
+"""``NEXO["SHELL"]`` and the shell caps of ``NEXO["LIMITS"]`` as a :class:`ShellPolicy`.
+
+The Django-facing agent hands the settings in (``Agent.configuration()``); the sandbox only ever
+receives the policy. Nothing a model sends reaches this: confinement is off only when settings
+(or the code that builds the sandbox) say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..sandboxes.confine import ShellPolicy
+from .base import Limits
+from .egress import EgressProxy
+from .netguard import AllowList, FetchRefused
+
+SHELL_KEYS = ("BWRAP", "CONFINE", "NETWORK", "READ")
+
+
+def shell_policy(setting: Any, limits: Limits) -> ShellPolicy:
+    """The policy for ``setting`` (``NEXO["SHELL"]``); ``ConfigurationError`` naming the fix."""
+    if not isinstance(setting, Mapping):
+        raise ConfigurationError('NEXO["SHELL"] must be a dict such as {"CONFINE": True, "NETWORK": [], "READ": []}')
+    unknown = sorted(set(setting) - set(SHELL_KEYS))
+    if unknown:
+        raise ConfigurationError(f'unknown NEXO["SHELL"] key(s) {", ".join(unknown)}; known: {", ".join(SHELL_KEYS)}')
+    confine = setting.get("CONFINE", True)
+    if not isinstance(confine, bool):
+        raise ConfigurationError(f'NEXO["SHELL"]["CONFINE"] must be True or False, not {confine!r}')
+    bwrap = setting.get("BWRAP")
+    if bwrap is not None and (not isinstance(bwrap, str) or not bwrap):
+        raise ConfigurationError(f'NEXO["SHELL"]["BWRAP"] must be the path of bwrap (or None), not {bwrap!r}')
+    lists: dict[str, tuple[str, ...]] = {}
+    for key in ("NETWORK", "READ"):
+        value = setting.get(key, [])
+        if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+            raise ConfigurationError(f'NEXO["SHELL"]["{key}"] must be a list of strings, not {value!r}')
+        lists[key] = tuple(value)
+    try:
+        AllowList.parse(lists["NETWORK"])
+    except FetchRefused as exc:
+        message = str(exc).replace("fetch_allow entry", "host")
+        raise ConfigurationError(f'NEXO["SHELL"]["NETWORK"]: {message}') from None
+    try:
+        return ShellPolicy(
+            confine=confine, bwrap=bwrap, network=lists["NETWORK"], read=lists["READ"],
+            memory=limits.shell_memory, processes=limits.shell_processes, file_size=limits.shell_file_size,
+            cpu_seconds=limits.shell_cpu_seconds, tmp_size=limits.shell_tmp_size,
+            ports=tuple(limits.shell_ports), allow_private=limits.shell_allow_private, egress=EgressProxy,
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f'NEXO["SHELL"] / NEXO["LIMITS"] are invalid for the shell: {exc}') from exc
