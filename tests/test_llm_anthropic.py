@@ -22,7 +22,7 @@ from nexo_django.errors import ModelError
 from nexo_django.llm import resolve_model
 from nexo_django.llm.anthropic import AnthropicModel
 from nexo_django.llm.http import ProviderError
-from tests.wire_server import AnthropicRules, Answer, WireServer
+from tests.wire_server import Answer, AnthropicRules, WireServer
 
 WRITE_SPEC = {
     "name": "write",
