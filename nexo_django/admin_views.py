@@ -25,19 +25,17 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
 from . import runs
-from .admin_forms import APPROVE, APPROVE_EDITED, BACK, DENY_STOP, REVIEW_EDIT, BulkDenyForm
-from .display import (
-    count_hidden,
-    json_diff,
-    json_for_editor,
-    long_strings,
-    mark_hidden,
-    message_view,
-    pretty_json,
-    preview,
-    reveal,
-    reveal_json,
+from .admin_forms import (
+    APPROVE,
+    APPROVE_EDITED,
+    BACK,
+    DENY_STOP,
+    EDITED_MAX_CHARS,
+    REVIEW_EDIT,
+    BulkDenyForm,
 )
+from .bounded import bounded_json, bounded_text, count_hidden, long_strings, message_view, preview
+from .display import json_diff, json_for_editor, mark_hidden, reveal
 from .errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
 from .models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
 
@@ -97,6 +95,7 @@ def transcript_context(model_admin: NexoModelAdmin, request: HttpRequest, run: A
     total = messages_qs.count()
     rows = list(messages_qs) if show_all else list(reversed(messages_qs.reverse()[: model_admin.transcript_limit]))
     return {
+        # Each message bounded: a page shows the transcript's last messages, never megabytes.
         "transcript": [{"seq": m.seq, **message_view(m.data)} for m in rows],
         "transcript_total": total,
         "transcript_hidden": total - len(rows),
@@ -125,6 +124,12 @@ def _refuse(model_admin: Any, request: HttpRequest) -> HttpResponse | None:
     return None
 
 
+#: Other pending calls of the run listed on a decision page.
+OTHER_PENDING_SHOWN = 20
+#: HTML bytes of the pre-filled editor; past it the arguments are too long to edit on a page.
+EDITOR_MAX_BYTES = 600_000
+
+
 def decision_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
     refused = _refuse(model_admin, request)
     if refused is not None:
@@ -133,56 +138,104 @@ def decision_view(model_admin: PendingApprovalAdmin, request: HttpRequest, objec
     if call is None:
         messages.warning(request, "That call is no longer waiting for a decision (it was decided, or its run ended).")
         return HttpResponseRedirect(_changelist_url(model_admin))
-    form = None
     if request.method == "POST":
         if not model_admin.has_decide_permission(request, call):
             raise PermissionDenied
         form = model_admin.get_decision_form(request, call, data=request.POST)
+        action = request.POST.get("action")
         if form.is_valid():
             action = form.cleaned_data["action"]
             if action == REVIEW_EDIT:
                 return _review_page(model_admin, request, call, form.cleaned_data)
             if action != BACK:
                 return _decide(model_admin, request, call, action, form.cleaned_data)
-            # "Back to editing": show the page again with the edited text kept.
+            # "Back to editing": the editor again, with the edited text kept.
             text = form.cleaned_data.get("edited_args", "")
             with contextlib.suppress(ValueError):
                 text = json_for_editor(json.loads(text))
             form = model_admin.get_decision_form(request, call, initial={
                 "digest": call.digest, "note": form.cleaned_data.get("note", ""), "edited_args": text,
             })
-            return _decision_page(model_admin, request, call, form, editing=True)
-    if form is None:
-        form = model_admin.get_decision_form(
-            request, call, initial={"digest": call.digest, "edited_args": json_for_editor(call.args)}
-        )
-    return _decision_page(model_admin, request, call, form, editing=form.is_bound)
+            return _edit_page(model_admin, request, call, form)
+        if action in (REVIEW_EDIT, APPROVE_EDITED, BACK):
+            return _edit_page(model_admin, request, call, form)
+        return _decision_page(model_admin, request, call, form)
+    # The decision form carries the digest and the note only: what Approve and Deny post never
+    # grows with the arguments (the editor is a page of its own).
+    form = model_admin.get_decision_form(request, call, initial={"digest": call.digest})
+    return _decision_page(model_admin, request, call, form)
+
+
+def edit_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    """The editor of one call's arguments, a page apart from the decision page; it posts to the
+    decision page (review, then confirm)."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
+    refused = _refuse(model_admin, request)
+    if refused is not None:
+        return refused
+    call = _find_call(model_admin, request, object_id)
+    if call is None:
+        messages.warning(request, "That call is no longer waiting for a decision (it was decided, or its run ended).")
+        return HttpResponseRedirect(_changelist_url(model_admin))
+    text = json_for_editor(call.args) if _editable(call) else ""
+    form = model_admin.get_decision_form(request, call, initial={"digest": call.digest, "edited_args": text})
+    return _edit_page(model_admin, request, call, form)
+
+
+def _editable(call: ToolCall) -> bool:
+    # Cheap first: the stored JSON's size (a 50 MB argument is not pretty-printed for nothing).
+    return len(json.dumps(call.args, ensure_ascii=False, default=str)) <= EDITED_MAX_CHARS
+
+
+def _edit_page(model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, form: Any) -> HttpResponse:
+    editable = _editable(call)
+    context = {
+        **_base_context(model_admin, request, mark_hidden(f"Edit the arguments of {call.name}"), call),
+        "call": call,
+        "tool_name": reveal(call.name),
+        "call_id": bounded_text(call.tool_call_id, budget=2_000, chars=200).html,
+        "form": form,
+        "editable": editable,
+        "edited_max": EDITED_MAX_CHARS,
+        "decision_url": model_admin.call_url(call.pk),
+        "arguments_url": model_admin.pending_arguments_url(call.pk),
+    }
+    return TemplateResponse(request, model_admin.edit_template, context)
 
 
 def _decision_page(
     model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, form: Any, *, editing: bool = False
 ) -> HttpResponse:
     run = call.run
+    pending = list(model_admin.get_other_pending(request, call)[: OTHER_PENDING_SHOWN + 1])
     other = [
         {"url": model_admin.call_url(c.pk), "name": reveal(c.name), "preview": preview(c.args)}
-        for c in model_admin.get_other_pending(request, call)
+        for c in pending[:OTHER_PENDING_SHOWN]
     ]
+    args = bounded_json(call.args)
+    hidden, exact = count_hidden(call.args)
     context = {
         **_base_context(model_admin, request, mark_hidden(f"Decide: {call.name} in {run.agent_name} run {str(run.pk)[:8]}"), call),
         "call": call,
         "run": run,
         "run_link": model_admin.run_link(run.pk),
         "tool_name": reveal(call.name),
-        "call_id": reveal(call.tool_call_id),
+        "call_id": bounded_text(call.tool_call_id, budget=2_000, chars=200).html,
         "started_by": str(run.created_by) if run.created_by_id else "—",
         "age": timesince(call.created_at),
-        "args_html": reveal_json(call.args),
-        "hidden_count": count_hidden(pretty_json(call.args), keep="\n"),
+        "args_html": args.html,
+        "args_clipped": args.clipped,
+        "hidden_count": hidden,
+        "hidden_exact": exact,
         "long_strings": long_strings(call.args),
+        "arguments_url": model_admin.pending_arguments_url(call.pk),
+        "edit_url": model_admin.call_edit_url(call.pk),
         "preview": model_admin.get_call_preview(request, call),
         "form": form,
         "editing": editing,
         "other_pending": other,
+        "other_pending_more": len(pending) > OTHER_PENDING_SHOWN,
         **transcript_context(model_admin, request, run),
     }
     return TemplateResponse(request, model_admin.decision_template, context)
@@ -197,7 +250,7 @@ def _review_page(
         "call": call,
         "tool_name": reveal(call.name),
         "diff": json_diff(call.args, edited),
-        "edited_html": reveal_json(edited),
+        "edited_html": bounded_json(edited).html,
         "digest": data["digest"],
         "note": data.get("note", ""),
         # Compact ASCII JSON: a hidden input keeps it byte for byte (no newlines, no hidden characters).
@@ -316,6 +369,8 @@ def bulk_deny(model_admin: PendingApprovalAdmin, request: HttpRequest, queryset:
 # --- runs ----------------------------------------------------------------------------------------
 
 RUN_ACTIONS = ("cancel", "retry", "rerun", "do_not_rerun")
+#: HTML bytes of one call's arguments (and of its result) on a run's page.
+CALL_CELL_BYTES = 8_000
 
 
 def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -338,16 +393,17 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
     context = {
         **_base_context(model_admin, request, f"{run.agent_name} run {str(run.pk)[:8]}", run),
         "run": run,
-        "prompt_html": reveal(run.prompt),
-        "result_html": reveal(run.result) if run.result is not None else None,
-        "error_html": reveal(run.error) if run.error else None,
+        "prompt_html": bounded_text(run.prompt).html,
+        "result_html": bounded_text(run.result).html if run.result is not None else None,
+        "error_html": bounded_text(run.error).html if run.error else None,
         "started_by": str(run.created_by) if run.created_by_id else "—",
         "calls": [_call_row(model_admin, c) for c in calls],
         "has_unknown": any(c.status == CallStatus.OUTCOME_UNKNOWN for c in calls),
         "can_cancel": not run.is_terminal,
         "can_retry": run.status == RunStatus.NEEDS_ATTENTION,
         "queue_warning": model_admin.get_queue_warning(request, run),
-        "events": [{"seq": e.id, "type": e.type, "data": reveal_json(e.data), "at": e.created_at} for e in events],
+        "events": [{"seq": e.id, "type": e.type, "data": bounded_json(e.data, budget=4_000, string_chars=500).html,
+                    "at": e.created_at} for e in events],
         "events_hidden": events_total - len(events),
         **transcript_context(model_admin, request, run),
     }
@@ -365,14 +421,17 @@ def _call_row(model_admin: AgentRunAdmin, call: ToolCall) -> dict[str, Any]:
         "pending": call.status == CallStatus.PENDING_APPROVAL,
         "unknown": call.status == CallStatus.OUTCOME_UNKNOWN,
         "decide_url": model_admin.call_url(call.pk),
-        "args": reveal_json(call.args),
-        "result": reveal_json(call.result) if call.result is not None else None,
+        "arguments_url": model_admin.run_call_arguments_url(call.run_id, call.pk),
+        # Each call's cell is bounded; the full arguments are a download away.
+        "args": bounded_json(call.args, budget=CALL_CELL_BYTES, string_chars=2_000).html,
+        "result": bounded_json(call.result, budget=CALL_CELL_BYTES, string_chars=2_000).html if call.result is not None else None,
         "decision": None if decision is None else {
             "verdict": decision.verdict,
             "by": str(decision.decided_by) if decision.decided_by_id else "system",
             "at": decision.decided_at,
             "note": reveal(decision.note),
-            "edited": reveal_json(decision.args) if decision.args is not None else None,
+            "edited": bounded_json(decision.args, budget=CALL_CELL_BYTES, string_chars=2_000).html
+            if decision.args is not None else None,
             "stop": decision.stop,
             "source": decision.source,
             "digest": decision.digest,
