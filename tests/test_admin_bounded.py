@@ -15,7 +15,15 @@ from nexo_django.bounded import bounded_json, bounded_text, count_hidden
 from nexo_django.models import AgentRun, CallStatus, RunStatus, ToolCall
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.durable_agents import Scribe
-from tests.test_admin_support import approver, client_for, csrf_post, decision_url, make_user, run_url, viewer
+from tests.test_admin_support import (
+    approver,
+    client_for,
+    csrf_post,
+    decision_url,
+    make_user,
+    run_url,
+    viewer,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
