@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from nexo_django import Agent, tool
+from nexo_django.core.tools import ToolContext
 from nexo_django.testing import ScriptedModel, reply, tool_call
-from nexo_django.tools import ToolContext
 from tests.durable_agents import Scribe
 
 

@@ -63,11 +63,11 @@ def one_cycle(
 def commit_cost(samples: int = 200, *, wait: bool = True) -> float:
     """Median ms of one small write transaction (INSERT + COMMIT) on this database, as the
     durable layer does them: the floor under each of a cycle's write transactions. ``wait=False``:
-    one whose commit does not wait for the disk, as ``nexo_django.sql.Batch(durable=False)``
+    one whose commit does not wait for the disk, as ``nexo_django.durable.sql.Batch(durable=False)``
     commits it (the claim before a model request)."""
     from django.db import connection
 
-    from nexo_django import sql
+    from nexo_django.durable import sql
 
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE bench_commit (payload TEXT)")

@@ -116,7 +116,7 @@ class Chaos:
         connection.close()
 
     def approve_pending(self) -> None:
-        from nexo_django.errors import AlreadyDecided, StaleDecision, TransitionError
+        from nexo_django.core.errors import AlreadyDecided, StaleDecision, TransitionError
         from nexo_django.models import AgentRun, CallStatus, ToolCall
 
         for call in ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL).order_by("created_at")[:50]:
@@ -159,7 +159,7 @@ class Chaos:
         return self.ledger.read_text().splitlines() if self.ledger.exists() else []
 
     def reconcile_round(self) -> None:
-        from nexo_django.recovery import reconcile
+        from nexo_django.durable.recovery import reconcile
 
         report = reconcile()
         for key in ("requeued", "needs_attention", "failed", "resent"):

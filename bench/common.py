@@ -196,7 +196,7 @@ def db_label() -> str:
 # --- counting queries and transactions ----------------------------------------------------------
 
 WRITE_VERBS = ("INSERT", "UPDATE", "DELETE", "REPLACE")
-#: what marks a PostgreSQL statement whose commit does not wait for the disk (nexo_django.sql)
+#: what marks a PostgreSQL statement whose commit does not wait for the disk (nexo_django.durable.sql)
 NO_WAIT_MARK = "set_config('synchronous_commit', 'off', true)"
 
 
@@ -242,7 +242,7 @@ def counting() -> Iterator[Counts]:
         verb = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else ""
         if verb in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE", "ROLLBACK"):  # bookkeeping, not work
             return execute(sql, params, many, context)
-        # A WITH statement writes if one of its parts does (nexo_django.sql.Batch on PostgreSQL).
+        # A WITH statement writes if one of its parts does (nexo_django.durable.sql.Batch on PostgreSQL).
         is_write = verb in WRITE_VERBS or (verb == "WITH" and any(f"AS ({v} " in sql for v in WRITE_VERBS))
         counts.queries += 1
         counts.writes += is_write

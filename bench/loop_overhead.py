@@ -35,7 +35,7 @@ class FlatScriptedModel:
         self.stamps: list[int] = []  # when each complete() was called
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
-        from nexo_django.llm.base import Completion
+        from nexo_django.core.llm.base import Completion
 
         start = time.perf_counter_ns()
         self.stamps.append(start)

@@ -84,7 +84,7 @@ def time_rounds(rounds: int, *, full: bool) -> tuple[float, float, int]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from nexo_django.recovery import reconcile
+    from nexo_django.durable.recovery import reconcile
 
     for _ in range(2):
         report = reconcile(full=full)
@@ -101,7 +101,7 @@ def time_rounds(rounds: int, *, full: bool) -> tuple[float, float, int]:
 
 
 def rounds_of(full: bool, count: int) -> None:
-    from nexo_django.recovery import reconcile
+    from nexo_django.durable.recovery import reconcile
 
     for _ in range(count):
         reconcile(full=full)

@@ -74,7 +74,7 @@ def job_key(job_id: str) -> str:
 
 def run_job_key(run: Any) -> str:
     """The rq job ``run_later`` enqueued for ``run`` (nexo's job ids are deterministic)."""
-    from nexo_django import dispatch
+    from nexo_django.durable import dispatch
 
     return job_key(dispatch.job_id(run.pk, run.generation))
 
@@ -120,7 +120,7 @@ def approval_latency(redis: Any, run: Any, call: Any) -> tuple[int, int, float]:
 
 
 def job_key_after_decision(run: Any) -> str:
-    from nexo_django import dispatch
+    from nexo_django.durable import dispatch
 
     # The decision that wakes a suspended run moves it to the next generation (runs.py), and the
     # wake-up's job carries that generation in its id.

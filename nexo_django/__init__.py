@@ -6,7 +6,12 @@ approve gated calls in the admin.
 
 from __future__ import annotations
 
-from .agent import Agent, Reply
+from .core.agent import Reply
+from .core.permissions import Permissions
+from .core.tools import Tool, ToolContext, tool
+from .durable.agent import Agent
+
+# nexo_django.errors gives the core's ConfigurationError Django's ImproperlyConfigured as a base.
 from .errors import (
     ApprovalRequired,
     ConfigurationError,
@@ -14,8 +19,6 @@ from .errors import (
     NexoError,
     SecurityError,
 )
-from .permissions import Permissions
-from .tools import Tool, ToolContext, tool
 
 __all__ = [
     "Agent",

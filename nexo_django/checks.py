@@ -10,12 +10,15 @@ from typing import Any
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.db import connections, router
+from django.db import DatabaseError, connections, router
 from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, nexo_settings
-from .errors import ConfigurationError
-from .llm import PROVIDERS
+from .core.errors import ConfigurationError
+from .core.llm import PROVIDERS
+from .core.tools import Limits
+from .durable.queue_health import queue_warning
+from .models import AgentRun
 
 POSITIVE_INTS = ("LEASE_SECONDS", "MAX_RECOVERIES", "JOB_TIMEOUT", "EVENT_MAX_CHARS")
 
@@ -70,8 +73,6 @@ def _check_model() -> list[CheckMessage]:
 
 
 def _check_values() -> list[CheckMessage]:
-    from .tools import Limits
-
     errors: list[CheckMessage] = []
     try:
         Limits.from_mapping(nexo_settings.LIMITS)
@@ -118,8 +119,6 @@ _WEAK_SYNC = {"OFF": "OFF", "0": "OFF", "NORMAL": "NORMAL", "1": "NORMAL"}
 def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """The SQLite journal of the database that holds the runs, read from settings only: a check
     opens no connection (``manage.py check`` must work with the database down)."""
-    from .models import AgentRun
-
     alias = router.db_for_write(AgentRun)
     wrapper = connections[alias]  # a wrapper, not a connection: nothing is opened here
     if wrapper.vendor != "sqlite":
@@ -169,10 +168,6 @@ def check_workers(
     ``runserver`` (no query, no Redis). Redis down is a warning too, never an error."""
     if not databases or "default" not in databases:
         return []
-    from django.db import DatabaseError
-
-    from .queue_health import queue_warning
-
     try:
         warning = queue_warning()
     except DatabaseError:

@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
-from .errors import ConfigurationError
+from .core.errors import ConfigurationError
 
 DEFAULTS: dict[str, Any] = {
     # "provider:model" used by agents that declare none (then env NEXO_MODEL).

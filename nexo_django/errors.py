@@ -1,108 +1,18 @@
-"""One exception tree for nexo_django, rooted in :class:`NexoError`."""
+"""The exception tree (documented re-export of :mod:`nexo_django.core.errors`), with Django's flavour.
+
+Here, on the Django side, :class:`ConfigurationError` gains ``ImproperlyConfigured`` as a base: the
+core stays free of Django, and the class it raises is still the one Django and a project treat as
+a configuration error (``except ImproperlyConfigured`` catches it). ``nexo_django/__init__`` imports
+this module first, so every import of the package applies it before any error can be raised.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.core.exceptions import ImproperlyConfigured
 
+from .core import errors as _core
+from .core.errors import *  # noqa: F403  (the re-export)
+from .core.errors import ConfigurationError
 
-class NexoError(Exception):
-    """Base of every error nexo_django raises on purpose."""
-
-
-class ConfigurationError(NexoError, ImproperlyConfigured):
-    """The project or an agent is configured in a way that cannot work; the message names the fix."""
-
-
-class SecurityError(NexoError):
-    """A tool call tried to leave its sandbox (path escape, protected name, special file).
-
-    It fails the call loudly instead of being returned to the model as an ordinary error.
-    """
-
-
-class Denied(NexoError):
-    """The permission gate refused a call. Tools turn it into ``{"error": message}``."""
-
-    def __init__(self, message: str, *, capability: str | None = None, detail: Any = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.capability = capability
-        self.detail = detail
-
-
-class PendingCall:
-    """One tool call that waits for a person's decision."""
-
-    __slots__ = ("args", "capability", "id", "name")
-
-    def __init__(self, id: str, name: str, capability: str, args: dict[str, Any]) -> None:
-        self.id = id
-        self.name = name
-        self.capability = capability
-        self.args = args
-
-    def __repr__(self) -> str:
-        return f"PendingCall(id={self.id!r}, name={self.name!r}, capability={self.capability!r})"
-
-
-class ApprovalRequired(NexoError):
-    """A signal, not a denial: the call needs a decision before it may run.
-
-    Raised by the gate under the ``approve`` mode with no decision. Tools must not catch it.
-    ``tool_args`` holds the arguments of an MCP call (the gate sees them; built-in tools pass a
-    ``detail`` instead).
-    Out of ``Agent.prompt()`` it carries every pending call of the turn in ``pending``.
-    """
-
-    def __init__(
-        self,
-        capability: str,
-        detail: Any = None,
-        *,
-        args: dict[str, Any] | None = None,
-        pending: list[PendingCall] | None = None,
-        run: Any = None,
-    ) -> None:
-        self.capability = capability
-        self.detail = detail
-        # Not ``self.args``: that is BaseException's own tuple.
-        self.tool_args = args
-        self.pending = list(pending or [])
-        self.run = run
-        what = f"{capability} {detail!r}" if detail is not None else capability
-        super().__init__(f"{what} needs approval before it can run")
-
-
-class ToolArgumentError(NexoError):
-    """Arguments from the model do not fit the tool's schema; returned to the model as an error."""
-
-
-class ModelError(NexoError):
-    """A model provider failed (HTTP error, bad response) after any retries."""
-
-
-class MaxTurnsExceeded(NexoError):
-    """The loop used up ``max_turns`` model turns without a final answer."""
-
-
-class TransitionError(NexoError):
-    """A durable object is not in a state that allows the requested change."""
-
-
-class AlreadyDecided(TransitionError):
-    """The call was decided already (a second approver, a double click, a replayed post)."""
-
-
-class StaleDecision(TransitionError):
-    """The decision was made on arguments that are not the ones stored (a stale page)."""
-
-
-class InvalidEditedArguments(NexoError):
-    """Arguments edited by an approver do not fit the tool's schema or the gate."""
-
-
-class LeaseLost(NexoError):
-    """This worker no longer owns the run (its lease expired and another took it, or it was
-    cancelled); it stops without writing."""
+if not issubclass(ConfigurationError, ImproperlyConfigured):
+    ConfigurationError.__bases__ = (_core.NexoError, ImproperlyConfigured)

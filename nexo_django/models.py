@@ -1,18 +1,59 @@
-"""Durable state: runs, their transcript rows, gated calls, decisions, events."""
+"""Durable state: runs, their transcript rows, gated calls, decisions, events.
+
+The models hold the data; what a run *does* (decide, resume, cancel, retry, the prepared reads)
+is the durable layer's, which imports these models. The methods below reach it through
+:func:`operations`, which ``apps.NexoDjangoConfig.ready()`` installs: the models import nothing
+from above them.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 from django.db import models, router
 from django.db.models.query import MAX_GET_RESULTS
 
+from .core.errors import ConfigurationError
+from .display import mark_hidden
+
 if TYPE_CHECKING:
     from django.db.models import QuerySet
+
+
+class Operations(Protocol):
+    """What the durable layer does for the models' methods (``nexo_django.durable.operations``):
+    ``nexo_django.durable.runs``' functions of the same names, and its prepared reads."""
+
+    decide: Callable[..., Decision]
+    decide_all: Callable[..., AgentRun]
+    cancel_run: Callable[..., bool]
+    retry_run: Callable[..., bool]
+    resolve_unknown: Callable[..., None]
+
+    def refresh(self, obj: models.Model, alias: str) -> None: ...
+    def pending_rows(self, run: AgentRun, *, limit: int | None, alias: str) -> list[ToolCall]: ...
+
+
+_operations: list[Operations] = []
+
+
+def install_operations(ops: Operations) -> None:
+    """Called once, by the app's ``ready()``."""
+    _operations[:] = [ops]
+
+
+def operations() -> Operations:
+    if not _operations:
+        raise ConfigurationError(
+            "nexo_django's durable layer is not loaded: add \"nexo_django\" to INSTALLED_APPS "
+            "and call django.setup() before using runs"
+        )
+    return _operations[0]
 
 
 def canonical_json(value: Any) -> str:
@@ -110,20 +151,14 @@ class AgentRun(models.Model):
 
     def resume(self, approved: bool = True, *, by: Any = None, note: str = "") -> AgentRun:
         """Decide every pending call of the run at once (approve all, or deny all)."""
-        from .runs import decide_all
-
-        return decide_all(self, approved=approved, by=by, note=note)
+        return operations().decide_all(self, approved=approved, by=by, note=note)
 
     def cancel(self, *, by: Any = None, reason: str = "") -> bool:
-        from .runs import cancel_run
-
-        return cancel_run(self, by=by, reason=reason)
+        return operations().cancel_run(self, by=by, reason=reason)
 
     def retry(self, *, by: Any = None) -> bool:
         """Queue a ``needs_attention`` run again once its unknown calls were resolved."""
-        from .runs import retry_run
-
-        return retry_run(self, by=by)
+        return operations().retry_run(self, by=by)
 
 
 #: the columns written for a transcript message and for an event (``sql.insert``, no keys read back)
@@ -155,9 +190,7 @@ def _refresh(obj: models.Model, using: str | None, fields: Any, from_queryset: A
     field (:func:`nexo_django.sql.refresh`: what the ORM does, without building the query);
     anything else is the ORM's own."""
     if using is None and fields is None and from_queryset is None and not obj.get_deferred_fields():
-        from . import sql
-
-        sql.refresh(obj, router.db_for_read(type(obj), instance=obj))
+        operations().refresh(obj, router.db_for_read(type(obj), instance=obj))
     else:
         models.Model.refresh_from_db(obj, using, fields, from_queryset)
 
@@ -172,18 +205,9 @@ class ToolCallQuerySet(models.QuerySet["ToolCall"]):
     _pending_of: AgentRun | None = None
 
     def _pending_rows(self, limit: int | None) -> list[ToolCall]:
-        from . import sql
-
         run = self._pending_of
         assert run is not None
-        rows = sql.select(
-            ToolCall, order_by=("created_at", "id"), limit=limit, alias=self.db,
-            run=run.pk, status=CallStatus.PENDING_APPROVAL,
-        )  # fmt: skip
-        relation = ToolCall._meta.get_field("run")
-        for row in rows:
-            relation.set_cached_value(row, run)
-        return rows
+        return operations().pending_rows(run, limit=limit, alias=self.db)
 
     def _fetch_all(self) -> None:
         if self._result_cache is None and self._pending_of is not None:
@@ -264,24 +288,18 @@ class ToolCall(models.Model):
         self, *, by: Any = None, note: str = "", args: dict[str, Any] | None = None,
         digest: str | None = None, source: str = "api",
     ) -> Decision:
-        from .runs import decide
-
-        return decide(self, approved=True, by=by, note=note, args=args, digest=digest, source=source)
+        return operations().decide(self, approved=True, by=by, note=note, args=args, digest=digest, source=source)
 
     def deny(
         self, *, by: Any = None, note: str = "", stop: bool = False, digest: str | None = None,
         source: str = "api",
     ) -> Decision:
-        from .runs import decide
-
-        return decide(self, approved=False, by=by, note=note, stop=stop, digest=digest, source=source)
+        return operations().decide(self, approved=False, by=by, note=note, stop=stop, digest=digest, source=source)
 
     def resolve_unknown(self, *, by: Any = None, rerun: bool, note: str = "") -> None:
         """A person settles an ``outcome_unknown`` call: run it again, or tell the model it may
         or may not have happened."""
-        from .runs import resolve_unknown
-
-        resolve_unknown(self, by=by, rerun=rerun, note=note)
+        operations().resolve_unknown(self, by=by, rerun=rerun, note=note)
 
 
 class Decision(models.Model):
@@ -345,6 +363,4 @@ class PendingApproval(ToolCall):
 
     def __str__(self) -> str:
         # The admin puts this in attributes and messages; names come from models and MCP servers.
-        from .display import mark_hidden
-
         return mark_hidden(f"{self.name} {self.tool_call_id} ({self.status})")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .errors import ModelError
-from .llm.base import Completion, Message
+from .core.errors import ModelError
+from .core.llm.base import Completion, Message
 
 
 def _copied(value: Any) -> Any:

@@ -135,7 +135,7 @@ class CountingModel(ScriptedModel):
 @tool(capability="read", idempotent=True)
 def trip(label: str) -> dict:
     """Scripted idempotent tool: with NEXO_TEST_CRASH_AT=in_tool its worker is SIGKILLed while it runs."""
-    from nexo_django.journal import crash_point
+    from nexo_django.durable.journal import crash_point
 
     _count("trip:" + label)
     crash_point("in_tool")

@@ -276,7 +276,7 @@ def test_history_pages_refuse_framing_whatever_the_project_allows(
 def test_with_a_redis_queue_the_decision_only_enqueues_the_resume(
     ann: Any, scribe_call: ToolCall, tmp_path: Path, redis_queue_settings: Any
 ) -> None:
-    from nexo_django import dispatch
+    from nexo_django.durable import dispatch
 
     client = client_for(ann)
     response = decide(client, scribe_call, "approve")

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from nexo_django import admin_preview
-from nexo_django.admin_preview import call_preview, write_diff
-from nexo_django.sandboxes import VirtualSandbox
-from nexo_django.sandboxes.local import LocalSandbox
+from nexo_django.admin import previews as admin_preview
+from nexo_django.admin.previews import call_preview, write_diff
+from nexo_django.core.sandboxes import VirtualSandbox
+from nexo_django.core.sandboxes.local import LocalSandbox
 from tests.durable_agents import Scribe
 from tests.test_admin_support import INBOX, make_user
 

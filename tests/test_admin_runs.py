@@ -13,8 +13,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
-from nexo_django.recovery import reconcile
 from tests.durable_agents import Bumper, Scribe, count
 from tests.test_admin_support import (
     RUNS,

@@ -8,9 +8,9 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from nexo_django import Agent, ApprovalRequired, ConfigurationError, Permissions, SecurityError
-from nexo_django.agent import Journal
-from nexo_django.errors import MaxTurnsExceeded
-from nexo_django.sandboxes import VirtualSandbox
+from nexo_django.core.agent import Journal
+from nexo_django.core.errors import MaxTurnsExceeded
+from nexo_django.core.sandboxes import VirtualSandbox
 from nexo_django.testing import ScriptedModel, reply, tool_call
 
 ALL_TOOLS = ["read", "glob", "write", "shell", "fetch", "search"]
@@ -269,7 +269,7 @@ def test_malformed_model_string_names_the_format(monkeypatch: pytest.MonkeyPatch
 
 
 def test_openai_model_string_from_settings_builds_the_provider(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
-    from nexo_django.llm.openai import OpenAIModel
+    from nexo_django.core.llm.openai import OpenAIModel
 
     monkeypatch.delenv("NEXO_MODEL", raising=False)
     settings.NEXO = {
@@ -282,7 +282,7 @@ def test_openai_model_string_from_settings_builds_the_provider(monkeypatch: pyte
 
 
 def test_openai_model_string_from_environment_builds_the_provider(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
-    from nexo_django.llm.openai import OpenAIModel
+    from nexo_django.core.llm.openai import OpenAIModel
 
     settings.NEXO = {"PROVIDERS": {"openai": {"base_url": "http://127.0.0.1:9/v1"}}}
     monkeypatch.setenv("NEXO_MODEL", "openai:llama3.2")

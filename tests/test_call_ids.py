@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from nexo_django import Agent, Permissions, tool
+from nexo_django.core.sandboxes import VirtualSandbox
+from nexo_django.core.tools import ToolContext
 from nexo_django.models import AgentRun, CallStatus, Decision, RunMessage, RunStatus, ToolCall
-from nexo_django.sandboxes import VirtualSandbox
 from nexo_django.testing import ScriptedModel, reply, tool_call
-from nexo_django.tools import ToolContext
 from tests.durable_agents import bump
 
 PROVIDER_SAFE = re.compile(r"^[a-zA-Z0-9_-]+$")

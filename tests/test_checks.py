@@ -7,7 +7,7 @@ from django.test import override_settings
 
 from nexo_django.checks import check_database, check_settings, sqlite_journal_messages
 from nexo_django.conf import nexo_settings
-from nexo_django.errors import ConfigurationError
+from nexo_django.core.errors import ConfigurationError
 
 
 def ids(messages: list) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.db import OperationalError, connections
 
-from nexo_django.errors import AlreadyDecided
+from nexo_django.core.errors import AlreadyDecided
 from nexo_django.models import AgentRun, Decision, RunEvent, RunStatus, ToolCall
 from tests.durable_agents import Bumper, ParallelScribe
 
@@ -93,7 +93,7 @@ def test_scripted_a_decision_whose_batch_saw_the_other_call_pending_looks_again(
     """The interleaving the race above can hit: decision A's batch sees call B still pending (so it
     does not wake the run), then B's decision commits, also without waking it (it saw A pending).
     A looks again after its own commit and wakes the run, exactly once."""
-    from nexo_django import sql
+    from nexo_django.durable import sql
     from nexo_django.models import CallStatus
 
     run = ParallelScribe.run("two writes", cwd=tmp_path)

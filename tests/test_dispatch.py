@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from nexo_django import dispatch
+from nexo_django.durable import dispatch
+from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, RunStatus
-from nexo_django.recovery import reconcile
 from tests.durable_agents import Bumper
 from tests.servers import free_port
 

@@ -14,7 +14,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 import nexo_django
-from nexo_django import errors
+from nexo_django.core import errors
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,10 +55,12 @@ def test_contract_names_import_from_their_documented_homes(module: str, name: st
 
 
 def test_contract_names_are_the_same_objects_everywhere() -> None:
-    from nexo_django.agent import Agent
-    from nexo_django.permissions import Permissions
+    from nexo_django.core.agent import Agent as CoreAgent
+    from nexo_django.core.permissions import Permissions
+    from nexo_django.durable.agent import Agent
 
     assert nexo_django.Agent is Agent
+    assert issubclass(Agent, CoreAgent)
     assert nexo_django.Permissions is Permissions
     assert nexo_django.ApprovalRequired is errors.ApprovalRequired
 
@@ -98,9 +100,9 @@ def test_core_modules_import_nothing_from_django_db() -> None:
     done = _plain_python(
         """
         import json, sys
-        import nexo_django.permissions, nexo_django.sandboxes, nexo_django.tools, nexo_django.llm
+        import nexo_django.core.permissions, nexo_django.sandboxes, nexo_django.tools, nexo_django.llm
         import nexo_django.sandboxes.local, nexo_django.llm.openai, nexo_django.llm.anthropic
-        import nexo_django.testing, nexo_django.agent
+        import nexo_django.testing, nexo_django.core.agent, nexo_django.durable.agent
         print(json.dumps(sorted(m for m in sys.modules if m.startswith("django.db"))))
         """
     )
@@ -114,7 +116,7 @@ def test_scripted_prompt_runs_in_plain_python_without_settings() -> None:
         import json, sys
         from django.conf import settings
         from nexo_django import Agent
-        from nexo_django.sandboxes import VirtualSandbox
+        from nexo_django.core.sandboxes import VirtualSandbox
         from nexo_django.testing import ScriptedModel, reply, tool_call
 
         class Scribe(Agent):

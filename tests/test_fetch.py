@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 
 from nexo_django import Agent, Permissions
-from nexo_django.tools import netguard
-from nexo_django.tools.base import Limits
-from nexo_django.tools.web import guarded_fetch
+from nexo_django.core.tools import netguard
+from nexo_django.core.tools.base import Limits
+from nexo_django.core.tools.web import guarded_fetch
 
 Route = Callable[[http.server.BaseHTTPRequestHandler], None]
 

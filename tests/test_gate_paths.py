@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from nexo_django import Agent, ApprovalRequired, Permissions, SecurityError
-from nexo_django.sandboxes import Sandbox, VirtualSandbox
-from nexo_django.sandboxes.local import LocalSandbox
+from nexo_django.core.sandboxes import Sandbox, VirtualSandbox
+from nexo_django.core.sandboxes.local import LocalSandbox
 from nexo_django.testing import ScriptedModel, reply, tool_call
 
 #: The files a predicate guards, as the seed's example spells them: rooted at "/".
@@ -186,7 +186,7 @@ def test_scripted_edited_arguments_are_gated_on_their_normalised_path(tmp_path: 
 @pytest.mark.durable
 @pytest.mark.parametrize("path", ["app.py/.", "./app.py//"])
 def test_scripted_edited_arguments_with_a_trailing_slash_are_refused(tmp_path: Path, path: str) -> None:
-    from nexo_django.errors import InvalidEditedArguments
+    from nexo_django.core.errors import InvalidEditedArguments
     from nexo_django.models import CallStatus, Decision
 
     run_ = DotEnvScribe.run("go", cwd=tmp_path)

@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from nexo_django import Agent, ConfigurationError
-from nexo_django.errors import ModelError
-from nexo_django.llm import resolve_model
-from nexo_django.llm.anthropic import AnthropicModel
-from nexo_django.llm.http import ProviderError
+from nexo_django.core.errors import ModelError
+from nexo_django.core.llm import resolve_model
+from nexo_django.core.llm.anthropic import AnthropicModel
+from nexo_django.core.llm.http import ProviderError
 from tests.wire_server import Answer, AnthropicRules, WireServer
 
 WRITE_SPEC = {

@@ -19,10 +19,10 @@ import httpx
 import pytest
 
 from nexo_django import Agent, ConfigurationError
-from nexo_django.errors import ModelError
-from nexo_django.llm import resolve_model
-from nexo_django.llm.http import ProviderError
-from nexo_django.llm.openai import OpenAIModel
+from nexo_django.core.errors import ModelError
+from nexo_django.core.llm import resolve_model
+from nexo_django.core.llm.http import ProviderError
+from nexo_django.core.llm.openai import OpenAIModel
 from tests.wire_server import Answer, GeminiRules, WireServer, free_port
 
 WRITE_SPEC = {

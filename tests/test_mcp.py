@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from nexo_django import Agent, ApprovalRequired, ConfigurationError, Permissions, tool
-from nexo_django.agent import Reply
-from nexo_django.errors import ToolArgumentError
-from nexo_django.mcp import MCPManager, MCPServer, MCPTool
+from nexo_django.core.agent import Reply
+from nexo_django.core.errors import ToolArgumentError
+from nexo_django.core.mcp import MCPManager, MCPServer, MCPTool
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.servers import descendants, pid_alive
 

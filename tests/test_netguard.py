@@ -9,7 +9,7 @@ import ipaddress
 
 import pytest
 
-from nexo_django.tools.netguard import (
+from nexo_django.core.tools.netguard import (
     AllowList,
     FetchRefused,
     canonical_host,

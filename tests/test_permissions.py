@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from nexo_django import ApprovalRequired, Denied, NexoError, Permissions
-from nexo_django.permissions import CAPABILITIES, MODES, PRIVILEGED
+from nexo_django.core.permissions import CAPABILITIES, MODES, PRIVILEGED
 
 ALLOWED = "allowed"
 DENIED = "denied"

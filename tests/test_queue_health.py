@@ -14,11 +14,11 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from nexo_django import dispatch
 from nexo_django.checks import check_workers
+from nexo_django.durable import dispatch
+from nexo_django.durable.queue_health import queue_warning
+from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, RunStatus
-from nexo_django.queue_health import queue_warning
-from nexo_django.recovery import reconcile
 from tests.durable_agents import Scribe
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]

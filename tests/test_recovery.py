@@ -9,9 +9,9 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from nexo_django.errors import TransitionError
+from nexo_django.core.errors import TransitionError
+from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
-from nexo_django.recovery import reconcile
 from tests.durable_agents import Bumper, Looker, count
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
@@ -130,9 +130,9 @@ def test_reconcile_command_prints_its_report(capsys: pytest.CaptureFixture[str])
 
 
 def test_late_write_of_a_dead_worker_is_fenced_off(counter: Path) -> None:
-    from nexo_django.errors import LeaseLost
-    from nexo_django.journal import DbJournal
-    from nexo_django.runs import build_agent
+    from nexo_django.core.errors import LeaseLost
+    from nexo_django.durable.journal import DbJournal
+    from nexo_django.durable.runs import build_agent
 
     run = Bumper.run("bump")
     AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, lease_owner="old-token")
@@ -172,7 +172,7 @@ def test_heartbeat_keeps_a_slow_but_live_run_from_being_taken(settings: object) 
 
 
 def test_takeover_rechecks_the_lease_a_heartbeat_renewed_meanwhile(counter: Path) -> None:
-    from nexo_django.recovery import Report, _recover_expired
+    from nexo_django.durable.recovery import Report, _recover_expired
 
     run = Looker.run("look")
     die_while_executing(run)

@@ -15,9 +15,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connections
 
-from nexo_django import dispatch
+from nexo_django.durable import dispatch
+from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, RunStatus
-from nexo_django.recovery import reconcile
 from tests.durable_agents import Scribe
 from tests.rq_workers import RQWorkers
 from tests.servers import PostgresServer, ServerUnavailable, free_port, wait_until

@@ -85,7 +85,7 @@ def test_scripted_approval_cycle_costs_five_write_transactions() -> None:
 
 def test_scripted_run_later_to_suspended_waits_for_the_disk_twice() -> None:
     """The request's commit and the worker's reply wait for the disk; the worker's claim before
-    it asks the model commits without waiting (nexo_django.sql.Batch(durable=False)). The whole
+    it asks the model commits without waiting (nexo_django.durable.sql.Batch(durable=False)). The whole
     cycle waits six times: run()'s five and the request's."""
     from bench.agents import VirtualScribe
     from bench.common import counting
@@ -103,10 +103,10 @@ def test_scripted_run_later_to_suspended_waits_for_the_disk_twice() -> None:
 
 
 def test_scripted_approval_cycle_runs_prepared_statements_only() -> None:
-    """Every statement of start, decision and resume is one nexo_django.sql built once (the ORM
+    """Every statement of start, decision and resume is one nexo_django.durable.sql built once (the ORM
     builds none of them); run with no receivers on the models, as by default."""
     from bench.agents import VirtualScribe
-    from nexo_django import sql
+    from nexo_django.durable import sql
 
     VirtualScribe.run("Write 'hi' to notes.txt").pending_calls().get().approve()  # builds them
     with CaptureQueriesContext(connection) as start:
@@ -120,7 +120,7 @@ def test_scripted_approval_cycle_runs_prepared_statements_only() -> None:
     # start: the run, its messages, events and pending call (the run object is kept current, not
     # read back); decision: the call, the decision, its event, the wake-up, the new generation;
     # resume: the run, messages and calls read, then three transactions of three statements each.
-    # On PostgreSQL each of those transactions is one statement (nexo_django.sql.Batch), the
+    # On PostgreSQL each of those transactions is one statement (nexo_django.durable.sql.Batch), the
     # decision is one, and the resume reads the run with its messages.
     if connection.vendor == "postgresql":
         assert len(work) == 1 + 1 + 2 + 3

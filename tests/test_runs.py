@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from nexo_django import Agent
-from nexo_django.errors import (
+from nexo_django.core.errors import (
     AlreadyDecided,
     ConfigurationError,
     InvalidEditedArguments,
@@ -310,7 +310,7 @@ def test_scripted_max_turns_fails_the_run_with_a_clear_error() -> None:
 
 
 def test_scripted_duplicate_job_is_a_no_op(tmp_path: Path, counter: Path) -> None:
-    from nexo_django.runs import execute_run
+    from nexo_django.durable.runs import execute_run
 
     run = Bumper.run("bump")
     run.resume(approved=True)
@@ -320,7 +320,7 @@ def test_scripted_duplicate_job_is_a_no_op(tmp_path: Path, counter: Path) -> Non
 
 
 def test_a_queued_run_whose_agent_cannot_be_rebuilt_fails_with_the_reason() -> None:
-    from nexo_django.runs import execute_run
+    from nexo_django.durable.runs import execute_run
 
     run = AgentRun.objects.create(agent="tests.no_such_module.Agent", prompt="x", status=RunStatus.QUEUED)
     assert execute_run(str(run.pk)) == "failed"
@@ -331,7 +331,7 @@ def test_a_queued_run_whose_agent_cannot_be_rebuilt_fails_with_the_reason() -> N
 
 
 def test_a_queued_run_that_cannot_be_rebuilt_reports_queued_to_failed() -> None:
-    from nexo_django.runs import execute_run
+    from nexo_django.durable.runs import execute_run
 
     seen: list[str] = []
 
@@ -361,7 +361,7 @@ def test_scripted_idempotent_gated_call(counter: Path) -> None:
 def test_pending_calls_appear_only_with_the_suspended_status(tmp_path: Path, start: str, stored: str | None) -> None:
     """No decision can land while the run still says running (it could never wake the run).
     A run started with run() is not even stored before its suspension commits."""
-    from nexo_django.journal import DbJournal
+    from nexo_django.durable.journal import DbJournal
 
     seen: list[tuple[str | None, int]] = []
     original = DbJournal.suspend
@@ -391,7 +391,7 @@ def test_decide_updates_the_callers_object(tmp_path: Path) -> None:
 def test_wake_checks_pending_calls_with_and_without_further_conditions(tmp_path: Path) -> None:
     from django.db.models import Q
 
-    from nexo_django.runs import wake
+    from nexo_django.durable.runs import wake
 
     run = Scribe.run("write hi", cwd=tmp_path)
     assert not wake(run, RunStatus.SUSPENDED, unless_pending=True)

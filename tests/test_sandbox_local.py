@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from nexo_django import ConfigurationError, SecurityError
-from nexo_django.sandboxes import StaleWrite, from_spec, make_sandbox
-from nexo_django.sandboxes.local import LocalSandbox
+from nexo_django.core.sandboxes import StaleWrite, from_spec, make_sandbox
+from nexo_django.core.sandboxes.local import LocalSandbox
 
 OUTSIDE = b"outside\n"
 

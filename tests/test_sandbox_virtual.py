@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from nexo_django import Permissions, SecurityError
-from nexo_django.sandboxes import StaleWrite, VirtualSandbox, from_spec, make_sandbox
-from nexo_django.tools import SHELL, ToolContext
+from nexo_django.core.sandboxes import StaleWrite, VirtualSandbox, from_spec, make_sandbox
+from nexo_django.core.tools import SHELL, ToolContext
 
 
 @pytest.mark.parametrize(

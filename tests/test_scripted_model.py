@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from nexo_django.errors import ModelError
-from nexo_django.llm import Model
+from nexo_django.core.errors import ModelError
+from nexo_django.core.llm import Model
 from nexo_django.testing import ScriptedModel, reply, tool_call
 
 TOOLS = [{"name": "read", "description": "", "parameters": {}}, {"name": "write", "description": "", "parameters": {}}]

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from nexo_django import Agent, Permissions
-from nexo_django.sandboxes import VirtualSandbox
+from nexo_django.core.sandboxes import VirtualSandbox
+from nexo_django.core.tools.base import Limits, ToolContext
+from nexo_django.core.tools.web import SEARCH, normalise_results
 from nexo_django.testing import ScriptedModel, reply, tool_call
-from nexo_django.tools.base import Limits, ToolContext
-from nexo_django.tools.web import SEARCH, normalise_results
 
 CALLS: list[tuple[str, int]] = []
 

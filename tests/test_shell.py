@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from nexo_django import Agent, Permissions
-from nexo_django.sandboxes.local import LocalSandbox
+from nexo_django.core.sandboxes.local import LocalSandbox
+from nexo_django.core.tools import SHELL, Limits, ToolContext
 from nexo_django.testing import ScriptedModel, reply, tool_call
-from nexo_django.tools import SHELL, Limits, ToolContext
 
 
 @pytest.fixture
@@ -208,8 +208,8 @@ def test_scripted_read_only_agent_is_not_offered_shell(ws: Path) -> None:
 #: dumpable again as a worker started as that user would be (a uid change clears the flag).
 WORKER = r"""
 import ctypes, json, os, subprocess, sys
-from nexo_django.sandboxes.local import LocalSandbox
-from nexo_django.sandboxes.shell import is_dumpable
+from nexo_django.core.sandboxes.local import LocalSandbox
+from nexo_django.core.sandboxes.shell import is_dumpable
 sandbox = LocalSandbox(sys.argv[1])
 if os.geteuid() == 0:
     os.setgroups([])

@@ -1,4 +1,4 @@
-"""nexo_django.sql writes the rows the ORM would write, and reads them as the ORM reads them."""
+"""nexo_django.durable.sql writes the rows the ORM would write, and reads them as the ORM reads them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.db.models import Model
 from django.db.models.signals import post_save
 from django.test.utils import CaptureQueriesContext
 
-from nexo_django import sql
+from nexo_django.durable import sql
 from nexo_django.models import (
     AgentRun,
     CallStatus,

@@ -7,8 +7,8 @@ import socket
 import threading
 
 from nexo_django import Permissions
-from nexo_django.sandboxes import VirtualSandbox
-from nexo_django.tools import Tool, ToolContext
+from nexo_django.core.sandboxes import VirtualSandbox
+from nexo_django.core.tools import Tool, ToolContext
 
 
 def test_a_remote_ref_in_a_schema_is_never_fetched() -> None:

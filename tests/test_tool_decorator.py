@@ -8,7 +8,7 @@ import pytest
 
 import nexo_django
 from nexo_django import Agent, ApprovalRequired, ConfigurationError, Permissions, Tool, ToolContext
-from nexo_django.sandboxes import VirtualSandbox
+from nexo_django.core.sandboxes import VirtualSandbox
 from nexo_django.testing import ScriptedModel, reply, tool_call
 
 

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from nexo_django import Agent, Permissions, SecurityError
-from nexo_django.agent import Journal
-from nexo_django.sandboxes import VirtualSandbox
-from nexo_django.sandboxes.local import LocalSandbox
+from nexo_django.core.agent import Journal
+from nexo_django.core.sandboxes import VirtualSandbox
+from nexo_django.core.sandboxes.local import LocalSandbox
+from nexo_django.core.tools import GLOB, READ, WRITE, Limits, ToolContext
 from nexo_django.testing import ScriptedModel, reply, tool_call
-from nexo_django.tools import GLOB, READ, WRITE, Limits, ToolContext
 
 SECRET = b"top secret, outside the workspace\n"
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from nexo_django import dispatch
+from nexo_django.durable import dispatch
+from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
-from nexo_django.recovery import reconcile
 from tests.durable_agents import Bumper, Scribe, ThreeTurns, Tripper, count
 from tests.servers import wait_until
 

@@ -10,9 +10,8 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
+from example_project.notes.agents import AGENTS, SCRIBE_PROMPT
 from nexo_django.views import visible_runs
-
-from .agents import AGENTS, SCRIBE_PROMPT
 
 
 class PromptForm(forms.Form):

@@ -26,12 +26,14 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Q
 
-from nexo_django import dispatch
 from nexo_django.conf import nexo_settings
+from nexo_django.durable import dispatch
 from nexo_django.models import TERMINAL_RUN_STATUSES, AgentRun, RunStatus
-from nexo_django.views import visible
+from nexo_django.views import inbox_url, visible
 
 STORY = "example_project.notes.agents"
 #: A file that marks a folder as made by this command, so a reset never empties another one.
@@ -246,8 +248,6 @@ class Command(BaseCommand):
         return writer, approver
 
     def inbox_path(self, call: Any) -> str | None:
-        from nexo_django.views import inbox_url
-
         return inbox_url(call)
 
     def done_calls(self, run: AgentRun) -> list[str]:
@@ -362,9 +362,6 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _require_migrated() -> None:
-    from django.db import DEFAULT_DB_ALIAS, connections
-    from django.db.migrations.executor import MigrationExecutor
-
     executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
     if executor.migration_plan(executor.loader.graph.leaf_nodes()):
         raise CommandError("the database is not migrated: run `manage.py migrate` first (make demo does).")

@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError, close_old_connections
 
-from nexo_django.recovery import reconcile
+from nexo_django.durable.recovery import reconcile
 
 
 class Command(BaseCommand):

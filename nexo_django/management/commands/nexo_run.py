@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.module_loading import import_string
 
-from nexo_django.agent import Agent
+from nexo_django.durable.agent import Agent
 
 
 class Command(BaseCommand):

@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from . import sql
-from .agent import CallDecision, Journal, open_calls
-from .conf import nexo_settings
-from .errors import LeaseLost, PendingCall, SecurityError, ToolArgumentError
-from .llm.base import Message, add_usage
-from .models import (
+from ..conf import nexo_settings
+from ..core.agent import CallDecision, Journal, open_calls
+from ..core.errors import LeaseLost, PendingCall, SecurityError, ToolArgumentError
+from ..core.llm.base import Message, add_usage
+from ..models import (
     EVENT_COLUMNS,
     MESSAGE_COLUMNS,
     AgentRun,
@@ -35,10 +34,11 @@ from .models import (
     ToolCall,
     args_digest,
 )
+from . import sql
 
 if TYPE_CHECKING:
-    from .agent import Agent
-    from .tools import Tool
+    from ..core.agent import Agent
+    from ..core.tools import Tool
 
 
 log = logging.getLogger("nexo_django.journal")

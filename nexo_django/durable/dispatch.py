@@ -8,11 +8,14 @@ from typing import Any
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.db import transaction
+from django.utils.module_loading import import_string
 
-from .conf import nexo_settings
-from .errors import ConfigurationError
+from ..conf import nexo_settings
+from ..core.errors import ConfigurationError
 
-JOB_FUNC = "nexo_django.jobs.continue_run"
+JOB_FUNC = "nexo_django.durable.jobs.continue_run"
+#: what an inline queue calls at commit, in the caller's process (by name, as rq names its jobs)
+INLINE_FUNC = "nexo_django.durable.runs.execute_run"
 
 log = logging.getLogger("nexo_django.dispatch")
 
@@ -63,9 +66,7 @@ def send_or_log(run_id: str, generation: int) -> bool:
 def send(run_id: str, generation: int) -> None:
     if is_inline():
         # In the caller's process: not a job of a worker, so its connections are left alone.
-        from .runs import execute_run
-
-        execute_run(run_id)
+        import_string(INLINE_FUNC)(run_id)
         return
     get_queue().enqueue_call(
         func=JOB_FUNC,

@@ -12,9 +12,9 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Min
 from django.utils import timezone
 
+from ..core.errors import ConfigurationError
+from ..models import AgentRun, RunStatus
 from . import dispatch
-from .errors import ConfigurationError
-from .models import AgentRun, RunStatus
 
 #: A run queued for longer than this (seconds since its last change) counts as waiting.
 WAITING_AFTER = 60

@@ -14,14 +14,15 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import dispatch, sql
-from .conf import nexo_settings
-from .errors import (
+from ..conf import nexo_settings
+from ..core.errors import (
     AlreadyDecided,
     ConfigurationError,
     Denied,
@@ -34,7 +35,9 @@ from .errors import (
     ToolArgumentError,
     TransitionError,
 )
-from .models import (
+from ..core.sandboxes import from_spec
+from ..core.tools import ToolContext
+from ..models import (
     EVENT_COLUMNS,
     MESSAGE_COLUMNS,
     AgentRun,
@@ -47,12 +50,12 @@ from .models import (
     Verdict,
     args_digest,
 )
-from .sandboxes import from_spec
-from .signals import approval_decided, approval_requested, run_status_changed
-from .tools import ToolContext
+from ..signals import approval_decided, approval_requested, run_status_changed
+from . import dispatch, sql
+from .journal import DbJournal, Heartbeat
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from ..core.agent import Agent
 
 log = logging.getLogger("nexo_django.runs")
 
@@ -123,9 +126,6 @@ def _is_json(value: Any) -> bool:
 
 
 def _check_user(cls: type[Agent], method: str, user: Any) -> None:
-    from django.contrib.auth.base_user import AbstractBaseUser
-    from django.contrib.auth.models import AnonymousUser
-
     if user is not None and not isinstance(user, (AbstractBaseUser, AnonymousUser)):
         raise TypeError(
             f"{cls.__name__}.{method}(user={user!r}): user must be a user object such as "
@@ -241,8 +241,6 @@ def _drive(
     run: AgentRun, token: str, agent: Agent | None, messages: list[dict[str, Any]] | None, *, start: str,
 ) -> str:
     """Drive the run; ``start`` is the journal's (``"claim"`` a queued run, ``"insert"`` a new one)."""
-    from .journal import DbJournal, Heartbeat
-
     run_id = str(run.pk)
     lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
     if start == "insert":

@@ -25,28 +25,27 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.views.decorators.clickjacking import xframe_options_deny
 
-from . import admin_downloads, admin_views, runs
-from .admin_forms import DecisionForm
-from .admin_preview import CallPreview, call_preview
-from .bounded import preview
-from .display import mark_hidden, reveal
-from .models import (
+from ..bounded import preview
+from ..core.permissions import CAPABILITIES
+from ..display import mark_hidden, reveal
+from ..durable import runs
+from ..durable.queue_health import queue_warning
+from ..models import (
     AgentRun,
     CallStatus,
     Decision,
     PendingApproval,
-    RunEvent,
-    RunMessage,
     RunStatus,
     ToolCall,
 )
-from .permissions import CAPABILITIES
-from .queue_health import queue_warning
+from . import downloads, views
+from .base import NexoModelAdmin
+from .forms import DecisionForm
+from .previews import CallPreview, call_preview
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
 
-DECIDE_PERMISSION = "nexo_django.decide_toolcall"
 
 
 # --- filters ---------------------------------------------------------------------------------------
@@ -126,74 +125,6 @@ class ToolFilter(AllValuesFieldListFilter):
 
 
 # --- shared pieces ---------------------------------------------------------------------------------
-
-
-class NexoModelAdmin(admin.ModelAdmin):
-    """What the three admins share: read-only pages, the decide permission, run hooks."""
-
-    #: Any active staff user may look, read-only. Set False to require Django's view permission
-    #: (``view_pendingapproval``, ``view_agentrun``, ``view_decision``) as well.
-    staff_can_view = True
-    #: Messages shown before "show all"; the page loads only these rows.
-    transcript_limit = 20
-    events_limit = 50
-
-    def has_decide_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Whether the user may decide calls (and settle, cancel or retry runs). Checked in
-        every view that changes anything, not only by the admin site."""
-        return bool(request.user.has_perm(DECIDE_PERMISSION))
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        user = request.user
-        return (
-            self.has_decide_permission(request, obj)
-            or (self.staff_can_view and user.is_active and user.is_staff)
-            or super().has_view_permission(request, obj)
-        )
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    # Nothing is added, edited or deleted here: decisions are immutable, and deleting a run would
-    # delete its decisions with it.
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    @method_decorator(xframe_options_deny)
-    def history_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        return super().history_view(request, object_id, extra_context)
-
-    def get_transcript(self, request: HttpRequest, run: AgentRun) -> QuerySet[RunMessage]:
-        """The messages of ``run`` a person may read, in order."""
-        return RunMessage.objects.filter(run=run).order_by("seq")
-
-    def get_events(self, request: HttpRequest, run: AgentRun) -> QuerySet[RunEvent]:
-        return RunEvent.objects.filter(run=run).order_by("id")
-
-    def run_url(self, run_id: Any) -> str:
-        return reverse(f"{self.admin_site.name}:nexo_django_agentrun_change", args=[run_id])
-
-    def call_url(self, call_id: Any) -> str:
-        return reverse(f"{self.admin_site.name}:nexo_django_pendingapproval_change", args=[call_id])
-
-    def call_edit_url(self, call_id: Any) -> str:
-        return reverse(f"{self.admin_site.name}:nexo_django_pendingapproval_edit", args=[call_id])
-
-    def pending_arguments_url(self, call_id: Any) -> str:
-        return reverse(f"{self.admin_site.name}:nexo_django_pendingapproval_arguments", args=[call_id])
-
-    def run_call_arguments_url(self, run_id: Any, call_id: Any) -> str:
-        return reverse(f"{self.admin_site.name}:nexo_django_agentrun_call_arguments", args=[run_id, call_id])
-
-    def run_link(self, run_id: Any, label: str | None = None) -> SafeString:
-        return format_html('<a href="{}">{}</a>', self.run_url(run_id), label or str(run_id)[:8])
 
 
 def _started_by(run: AgentRun) -> str:
@@ -288,7 +219,7 @@ class PendingApprovalAdmin(NexoModelAdmin):
 
     @method_decorator(xframe_options_deny)
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        admin_views.refuse_post_without_permission(self, request)
+        views.refuse_post_without_permission(self, request)
         response = super().changelist_view(request, extra_context)
         context = getattr(response, "context_data", None) or {}
         cl = context.get("cl")
@@ -300,14 +231,14 @@ class PendingApprovalAdmin(NexoModelAdmin):
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        return admin_views.decision_view(self, request, object_id)
+        return views.decision_view(self, request, object_id)
 
     @method_decorator(xframe_options_deny)
     def edit_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        return admin_views.edit_view(self, request, object_id)
+        return views.edit_view(self, request, object_id)
 
     def arguments_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        return admin_downloads.pending_arguments_view(self, request, object_id)
+        return downloads.pending_arguments_view(self, request, object_id)
 
     def get_urls(self) -> list[URLPattern]:
         # The editor and the full arguments are pages apart from the decision page, so the
@@ -323,11 +254,11 @@ class PendingApprovalAdmin(NexoModelAdmin):
 
     @admin.action(description="Approve selected calls", permissions=["decide"])
     def approve_selected(self, request: HttpRequest, queryset: QuerySet[PendingApproval]) -> None:
-        admin_views.bulk_approve(self, request, queryset)
+        views.bulk_approve(self, request, queryset)
 
     @admin.action(description="Deny selected calls (with one note)", permissions=["decide"])
     def deny_selected(self, request: HttpRequest, queryset: QuerySet[PendingApproval]) -> HttpResponse | None:
-        return admin_views.bulk_deny(self, request, queryset)
+        return views.bulk_deny(self, request, queryset)
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -389,17 +320,17 @@ class AgentRunAdmin(NexoModelAdmin):
 
     @method_decorator(xframe_options_deny)
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        admin_views.refuse_post_without_permission(self, request)
+        views.refuse_post_without_permission(self, request)
         return super().changelist_view(request, {"title": "Agent runs", **(extra_context or {})})
 
     @method_decorator(xframe_options_deny)
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        return admin_views.run_detail_view(self, request, object_id)
+        return views.run_detail_view(self, request, object_id)
 
     def call_arguments_view(self, request: HttpRequest, object_id: str, call_id: str) -> HttpResponse:
-        return admin_downloads.run_call_arguments_view(self, request, object_id, call_id)
+        return downloads.run_call_arguments_view(self, request, object_id, call_id)
 
     def get_urls(self) -> list[URLPattern]:
         wrap = self.admin_site.admin_view
@@ -411,7 +342,7 @@ class AgentRunAdmin(NexoModelAdmin):
 
     @admin.action(description="Cancel selected runs", permissions=["decide"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[AgentRun]) -> None:
-        admin_views.bulk_cancel(self, request, queryset)
+        views.bulk_cancel(self, request, queryset)
 
 
 # --- the decision log ------------------------------------------------------------------------------
@@ -458,5 +389,5 @@ class DecisionAdmin(NexoModelAdmin):
 
     @method_decorator(xframe_options_deny)
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        admin_views.refuse_post_without_permission(self, request)
+        views.refuse_post_without_permission(self, request)
         return super().changelist_view(request, extra_context)

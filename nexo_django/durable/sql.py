@@ -39,7 +39,7 @@ from django.db.models import AutoField, Field, Model
 from django.db.models.expressions import Col
 from django.db.models.signals import post_save, pre_save
 
-from .models import AgentRun, Decision, RunMessage, ToolCall
+from ..models import AgentRun, Decision, RunMessage, ToolCall
 
 #: built statements: (vendor, what, model, ...) -> (sql, fields)
 _statements: dict[tuple[Any, ...], tuple[str, tuple[Field[Any, Any], ...]]] = {}

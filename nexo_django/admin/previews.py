@@ -12,10 +12,11 @@ from typing import Any
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .bounded import bounded_text
-from .errors import NexoError, SecurityError
-from .models import AgentRun, ToolCall
-from .sandboxes import Sandbox
+from ..bounded import bounded_text
+from ..core.errors import NexoError, SecurityError
+from ..core.sandboxes import Sandbox
+from ..durable.runs import build_agent
+from ..models import AgentRun, ToolCall
 
 #: Bytes of the current file (and of the proposed content) compared; the rest is not shown.
 DIFF_MAX_BYTES = 256 * 1024
@@ -149,8 +150,6 @@ def write_diff(sandbox: Sandbox, path: Any, content: Any) -> CallPreview:
 def call_preview(run: AgentRun, call: ToolCall) -> CallPreview:
     """The workspace of ``call`` and, for a ``write``, its diff. Never raises: what cannot be
     worked out is said in ``notes``."""
-    from .runs import build_agent
-
     try:
         agent = build_agent(run)
     except Exception as exc:  # an agent that no longer imports must not hide the decision page

@@ -2,17 +2,21 @@
 
 The transcript is the state. :meth:`Agent.step` looks at it: open tool calls are gated and run
 (or left pending), otherwise the model is asked for the next turn. A :class:`Journal` records
-what happens; in process it is a list, in the durable layer it is the database. Nothing here
-imports the durable layer at module level; ``Agent.run``/``run_later`` reach it lazily.
+what happens; in process it is a list, in the durable layer it is the database.
+
+Plain Python: no Django, no durable runs. Settings reach the agent through
+:meth:`Agent.configuration` (the Django-facing ``nexo_django.Agent`` reads ``NEXO`` there and adds
+``run``/``run_later``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import pkgutil
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -27,6 +31,7 @@ from .errors import (
 )
 from .llm import resolve_model
 from .llm.base import Message, add_usage
+from .mcp import MCPManager
 from .permissions import MODES, Permissions, Verdict
 from .sandboxes import Sandbox, make_sandbox
 from .tools import FETCH, GLOB, READ, SEARCH, SHELL, WRITE, Limits, Tool, ToolContext, error
@@ -221,21 +226,20 @@ class Agent:
         model: Any = None,
         on_event: EventCallback | None = None,
     ) -> None:
-        from .conf import nexo_settings
-
         cls = type(self)
+        config = self.configuration()
         self.cwd = os.fspath(cwd) if cwd is not None else None
         self.gate: Permissions = Permissions.resolve(permissions if permissions is not None else cls.permissions)
-        protected = nexo_settings.PROTECTED_NAMES
+        protected = config.get("PROTECTED_NAMES")
         self.workspace: Sandbox = make_sandbox(
             sandbox if sandbox is not None else cls.sandbox,
             self.cwd,
             protected=tuple(protected) if protected is not None else None,
         )
-        self.llm = resolve_model(self._pick_model(model, nexo_settings.MODEL), nexo_settings.PROVIDERS)
-        self.limits = Limits.from_mapping(nexo_settings.LIMITS)
+        self.llm = resolve_model(self._pick_model(model, config.get("MODEL")), config.get("PROVIDERS") or {})
+        self.limits = Limits.from_mapping(config.get("LIMITS") or {})
         self.on_event = on_event
-        self.search = self._pick_search(nexo_settings.SEARCH_BACKEND)
+        self.search = self._pick_search(config.get("SEARCH_BACKEND"))
         self.fetch_hosts = self._fetch_allow()
         self._mcp: Any = None
         self._mcp_tools: list[Tool] | None = None
@@ -247,6 +251,16 @@ class Agent:
     @classmethod
     def path(cls) -> str:
         return f"{cls.__module__}.{cls.__qualname__}"
+
+    def configuration(self) -> Mapping[str, Any]:
+        """The settings the agent is built from, by ``NEXO`` key (``MODEL``, ``PROVIDERS``,
+        ``LIMITS``, ``PROTECTED_NAMES``, ``SEARCH_BACKEND``). Plain Python has none; the
+        Django-facing agent returns ``NEXO``'s."""
+        return {}
+
+    def setting(self, name: str) -> Any:
+        """A project setting by name, for ``${settings:NAME}`` in MCP server options (None here)."""
+        return None
 
     def _pick_model(self, given: Any, setting: Any) -> Any:
         for candidate in (given, type(self).model, setting, os.environ.get("NEXO_MODEL") or None):
@@ -260,9 +274,13 @@ class Agent:
     def _pick_search(self, setting: Any) -> Any:
         backend = type(self).search_backend or setting
         if isinstance(backend, str):
-            from django.utils.module_loading import import_string
-
-            backend = import_string(backend)
+            try:
+                backend = pkgutil.resolve_name(backend)
+            except (ImportError, AttributeError, ValueError) as exc:
+                raise ConfigurationError(
+                    f"search backend {backend!r} cannot be imported ({exc}); give the dotted path "
+                    "of a callable(query, limit)"
+                ) from exc
         return backend
 
     def builtin_tools(self) -> list[Tool]:
@@ -308,10 +326,8 @@ class Agent:
         if self.gate.mode == "read_only" and not self.gate.mcp_allow:
             return []  # no MCP tool could run: do not even start the servers
         if self._mcp_tools is None:
-            from .mcp import MCPManager
-
             own = {t.name for t in self.builtin_tools()} | {getattr(t, "name", "") for t in type(self).tools}
-            self._mcp = MCPManager(type(self).mcp_servers, reserved=own)
+            self._mcp = MCPManager(type(self).mcp_servers, reserved=own, setting=self.setting)
             self._mcp_tools = [t for t in self._mcp.tools() if self._mcp_attachable(t)]
         return self._mcp_tools
 
@@ -457,17 +473,3 @@ class Agent:
             first = outcome.pending[0]
             raise ApprovalRequired(first.capability, first.args, args=first.args, pending=outcome.pending)
         return Reply.from_transcript(journal.messages, outcome.content)
-
-    @classmethod
-    def run(cls, prompt: str, *, user: Any = None, **kwargs: Any) -> Any:
-        """Durable, synchronous: runs now in this process and returns the ``AgentRun``."""
-        from .runs import start_run
-
-        return start_run(cls, prompt, user=user, later=False, **kwargs)
-
-    @classmethod
-    def run_later(cls, prompt: str, *, user: Any = None, **kwargs: Any) -> Any:
-        """Durable, enqueued when the current transaction commits; returns the ``AgentRun``."""
-        from .runs import start_run
-
-        return start_run(cls, prompt, user=user, later=True, **kwargs)

@@ -4,16 +4,13 @@ is safe to send. Whoever may see the call's page may download them; nothing here
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 
-from .admin_views import _find_call, _refuse
-from .models import ToolCall
-
-if TYPE_CHECKING:
-    from .admin import AgentRunAdmin, NexoModelAdmin, PendingApprovalAdmin
+from ..models import ToolCall
+from .base import NexoModelAdmin
+from .views import AgentRunAdmin, PendingApprovalAdmin, _find_call, _refuse
 
 
 def arguments_response(model_admin: NexoModelAdmin, request: HttpRequest, call: ToolCall | None) -> HttpResponse:

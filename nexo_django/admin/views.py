@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeAlias
 
 from django.contrib import messages
 from django.contrib.admin import helpers
@@ -24,8 +24,13 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from . import runs
-from .admin_forms import (
+from ..bounded import bounded_json, bounded_text, count_hidden, long_strings, message_view, preview
+from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
+from ..display import json_diff, json_for_editor, mark_hidden, reveal
+from ..durable import runs
+from ..models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
+from .base import NexoModelAdmin
+from .forms import (
     APPROVE,
     APPROVE_EDITED,
     BACK,
@@ -34,13 +39,11 @@ from .admin_forms import (
     REVIEW_EDIT,
     BulkDenyForm,
 )
-from .bounded import bounded_json, bounded_text, count_hidden, long_strings, message_view, preview
-from .display import json_diff, json_for_editor, mark_hidden, reveal
-from .errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
-from .models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
 
-if TYPE_CHECKING:
-    from .admin import AgentRunAdmin, NexoModelAdmin, PendingApprovalAdmin
+#: the inbox's and the run page's admins (``nexo_django.admin``), which import this module:
+#: named by their base here, with the hooks of their own reached as ``Any``
+PendingApprovalAdmin: TypeAlias = Any
+AgentRunAdmin: TypeAlias = Any
 
 STATUS_WORDS: dict[str, str] = {
     RunStatus.QUEUED: "is queued: a worker will continue it",

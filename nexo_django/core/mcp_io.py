@@ -1,6 +1,7 @@
 """What nexo_django.mcp exchanges with the outside: secrets filled into a server's env and
 headers, the async SDK calls (run on the manager's portal), and tool results turned into the
-dicts the loop records. No Django import except for ``${settings:NAME}`` references."""
+dicts the loop records. ``${settings:NAME}`` references are looked up through the function the
+Django side passes in (the core imports no Django)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,24 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TextIO
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, Protocol, TextIO
 
 from .errors import ConfigurationError
 from .tools.base import Limits, ToolResult, error
 
-if TYPE_CHECKING:
-    from .mcp import MCPServer
+
+class ServerAddress(Protocol):
+    """What :func:`connect` needs of an ``MCPServer``."""
+
+    @property
+    def transport(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def connect_timeout(self) -> float: ...
+    @property
+    def timeout(self) -> float: ...
 
 _REFERENCE = re.compile(r"\$\{([^}]*)\}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -47,8 +58,10 @@ def check_references(owner: str, what: str, values: Mapping[str, str]) -> dict[s
 class Secrets:
     """The values filled into references during one run; scrubbed from everything shown."""
 
-    def __init__(self) -> None:
+    def __init__(self, setting: Callable[[str], Any] | None = None) -> None:
         self._values: set[str] = set()
+        #: ``${settings:NAME}`` -> the project's setting NAME (None: no settings to read)
+        self._setting = setting
 
     def fill(self, owner: str, what: str, values: Mapping[str, str]) -> dict[str, str]:
         """Fill ``${ENV_VAR}`` and ``${settings:NAME}`` in; every filled-in value is a secret.
@@ -59,10 +72,8 @@ class Secrets:
 
         def value_of(key: str, ref: str) -> str:
             if ref.startswith("settings:"):
-                from django.conf import settings
-
                 name = ref.removeprefix("settings:")
-                value = getattr(settings, name, None) if settings.configured else None
+                value = self._setting(name) if self._setting is not None else None
                 if not isinstance(value, str):
                     raise ConfigurationError(
                         f"{owner}: {what}[{key!r}] refers to settings.{name}, which is not a string setting; define it"
@@ -125,7 +136,7 @@ def remote_ref(schema: Any) -> str | None:
 
 
 @contextlib.asynccontextmanager
-async def connect(server: MCPServer, params: Any, stderr: TextIO) -> AsyncIterator[Any]:
+async def connect(server: ServerAddress, params: Any, stderr: TextIO) -> AsyncIterator[Any]:
     """An open ``mcp.Client``: ``params`` are StdioServerParameters or the filled-in headers."""
     from mcp import Client
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from django import forms
 
-from .errors import InvalidEditedArguments
-from .models import ToolCall, args_digest
+from ..core.errors import InvalidEditedArguments
+from ..models import ToolCall, args_digest
 
 APPROVE = "approve"
 DENY = "deny"

@@ -1,0 +1,298 @@
+"""The one HTTP path every model provider uses: a shared httpx client and a bounded retry.
+
+Retried: 408, 429, every 5xx and transport errors (connect, read, timeouts), at most
+``max_retries`` times. The wait is the server's ``Retry-After`` (seconds or an HTTP date;
+``retry-after-ms`` first, as OpenAI sends it) when given, else exponential backoff with jitter.
+A server asking for a longer wait than ``max_retry_wait`` fails at once instead of blocking a
+worker. Any other status is a :class:`ProviderError` naming the provider, the status and the
+provider's own message. The API key never appears in an error.
+"""
+
+from __future__ import annotations
+
+import atexit
+import email.utils
+import math
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from ..errors import ConfigurationError, ModelError
+
+__all__ = ["Endpoint", "ProviderError", "Retry", "check_base_url", "endpoint", "shared_client"]
+
+RETRY_STATUSES = frozenset({408, 429})  # and every status >= 500
+MESSAGE_CHARS = 600
+USER_AGENT = "nexo-django/0.1"
+
+
+class ProviderError(ModelError):
+    """A provider call failed; ``status`` is the HTTP status, or ``None`` when none arrived."""
+
+    def __init__(self, provider: str, message: str, *, status: int | None = None) -> None:
+        super().__init__(f"{provider}: {message}")
+        self.provider = provider
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How often and how long to retry. ``sleep`` is injectable so tests need not wait."""
+
+    max_retries: int = 3
+    base: float = 0.5
+    cap: float = 8.0
+    max_retry_wait: float = 60.0
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
+
+    def backoff(self, attempt: int) -> float:
+        # Jitter spreads the retries of many workers hit by the same outage.
+        return min(self.cap, self.base * 2**attempt) * random.uniform(0.5, 1.0)
+
+
+# --- the shared client ---------------------------------------------------------------------
+
+_lock = threading.Lock()
+_client: httpx.Client | None = None
+# Clients inherited across fork(): kept referenced so the child never finalises (and so never
+# touches) sockets that belong to its parent's pool.
+_inherited: list[httpx.Client] = []
+
+
+def shared_client() -> httpx.Client:
+    """One pooled client per process, so turns and runs reuse provider connections."""
+    global _client
+    with _lock:
+        if _client is None:
+            _client = httpx.Client(
+                headers={"user-agent": USER_AGENT},
+                limits=httpx.Limits(max_connections=50, max_keepalive_connections=20, keepalive_expiry=30.0),
+            )
+        return _client
+
+
+def _after_fork_in_child() -> None:
+    # rq forks a work horse per job: the child must open its own connections.
+    global _client, _lock
+    if _client is not None:
+        _inherited.append(_client)
+    _client = None
+    _lock = threading.Lock()
+
+
+def _close_at_exit() -> None:
+    if _client is not None:
+        _client.close()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_close_at_exit)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def check_base_url(provider: str, base_url: str, setting: str) -> str:
+    url = base_url.strip().rstrip("/")
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ConfigurationError(f"{provider}: base URL {base_url!r} is not a URL ({exc}); fix {setting}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigurationError(
+            f"{provider}: base URL {base_url!r} must be an http:// or https:// URL; fix {setting}"
+        )
+    return url
+
+
+def host_of(url: str) -> str:
+    return httpx.URL(url).host.lower()
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds the server asks us to wait, or ``None`` when it does not say (or says nonsense)."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            value = float(millis) / 1000
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value >= 0:
+            return value
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def error_message(payload: Any, text: str) -> str:
+    """The provider's own words for an error, from the body shapes servers actually send."""
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        if isinstance(error, dict):
+            message = error.get("message")
+            kind = error.get("type") or error.get("code")
+            if message:
+                return f"{kind}: {message}" if kind else str(message)
+        if isinstance(error, str) and error:
+            return error  # Ollama's and llama.cpp's older shape
+        for key in ("message", "detail"):  # vLLM, FastAPI-based servers
+            if payload.get(key):
+                return str(payload[key])
+    text = text.strip()
+    return text if text else "(empty response body)"
+
+
+def _shorten(text: str) -> str:
+    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + "…"
+
+
+def _display(url: str) -> str:
+    # A base URL may carry credentials in its userinfo; errors never show them.
+    return str(httpx.URL(url).copy_with(username=None, password=None))
+
+
+def _json_or_none(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+# --- the request ---------------------------------------------------------------------------
+
+
+class ProviderHTTP:
+    """Posts JSON to a provider with the shared retry policy."""
+
+    def __init__(
+        self,
+        provider: str,
+        *,
+        client: httpx.Client | None = None,
+        timeout: float = 60.0,
+        retry: Retry | None = None,
+        secret: str | None = None,
+    ) -> None:
+        self.provider = provider
+        self._client = client
+        self.timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self.retry = retry or Retry()
+        self._secret = secret
+
+    @property
+    def client(self) -> httpx.Client:
+        return self._client if self._client is not None else shared_client()
+
+    def _fail(self, message: str, status: int | None = None) -> ProviderError:
+        if self._secret:
+            message = message.replace(self._secret, "[redacted]")
+        return ProviderError(self.provider, _shorten(message), status=status)
+
+    def post(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        body: dict[str, Any],
+        *,
+        permanent: Callable[[Any], bool] | None = None,
+    ) -> dict[str, Any]:
+        """POST ``body`` as JSON and return the decoded JSON object of a 2xx answer.
+
+        ``permanent(payload)`` marks a retryable status that waiting cannot fix (a spent quota).
+        """
+        retry = self.retry
+        attempt = 0
+        while True:
+            try:
+                response = self.client.post(url, json=body, headers=dict(headers), timeout=self.timeout)
+            except httpx.TransportError as exc:
+                if attempt >= retry.max_retries:
+                    raise self._fail(
+                        f"could not reach {_display(url)} after {attempt + 1} attempt(s): "
+                        f"{type(exc).__name__}: {str(exc) or 'no detail'}"
+                    ) from None
+                wait = retry.backoff(attempt)
+            else:
+                status = response.status_code
+                payload = _json_or_none(response)
+                if 200 <= status < 300:
+                    if not isinstance(payload, dict):
+                        raise self._fail(
+                            f"{_display(url)} answered HTTP {status} with a body that is not a JSON object: "
+                            f"{response.text.strip()[:200]!r}",
+                            status,
+                        )
+                    return payload
+                message = f"HTTP {status} from {_display(url)}: {error_message(payload, response.text)}"
+                retryable = status in RETRY_STATUSES or status >= 500
+                if not retryable or (permanent is not None and permanent(payload)):
+                    raise self._fail(message, status)
+                if attempt >= retry.max_retries:
+                    raise self._fail(f"{message} (gave up after {attempt + 1} attempts)", status)
+                asked = retry_after(response.headers)
+                if asked is not None and asked > retry.max_retry_wait:
+                    raise self._fail(
+                        f"{message} (the server asks to retry after {asked:.0f} s, longer than "
+                        f"max_retry_wait={retry.max_retry_wait:g} s)",
+                        status,
+                    )
+                wait = asked if asked is not None else retry.backoff(attempt)
+            retry.sleep(wait)
+            attempt += 1
+
+
+@dataclass
+class Endpoint:
+    """Where a provider is reached, with what key, through which retrying client."""
+
+    base_url: str
+    api_key: str | None
+    http: ProviderHTTP
+
+
+def endpoint(
+    provider: str,
+    *,
+    env_prefix: str,
+    default_base_url: str,
+    official_host: str,
+    base_url: str | None,
+    api_key: str | None,
+    client: httpx.Client | None,
+    timeout: float,
+    retry: Retry,
+) -> Endpoint:
+    """Resolve base URL and key from the arguments, then ``<PREFIX>_BASE_URL``/``<PREFIX>_API_KEY``.
+    A key is required only for the provider's own host (a local server needs none)."""
+    url = check_base_url(
+        provider,
+        base_url or os.environ.get(f"{env_prefix}_BASE_URL") or default_base_url,
+        f'NEXO["PROVIDERS"]["{provider}"]["base_url"] or {env_prefix}_BASE_URL',
+    )
+    key = api_key or os.environ.get(f"{env_prefix}_API_KEY") or None
+    if key is None and host_of(url) == official_host:
+        raise ConfigurationError(
+            f"{provider}: no API key for {official_host}; set the {env_prefix}_API_KEY environment "
+            f'variable or NEXO["PROVIDERS"]["{provider}"]["api_key"]'
+        )
+    return Endpoint(url, key, ProviderHTTP(provider, client=client, timeout=timeout, retry=retry, secret=key))

@@ -1,0 +1,194 @@
+"""The reconciler: brings runs back from the database alone after a worker or Redis was lost.
+
+Run it on a schedule (``manage.py nexo_reconcile``). It is safe to run on several machines at once:
+every change is a compare-and-set.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from django.db import transaction
+from django.db.models import Exists, F, OuterRef
+from django.utils import timezone
+
+from ..conf import nexo_settings
+from ..models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall
+from . import dispatch
+from .queue_health import queue_warning
+from .runs import transition, wake
+
+__all__ = ["Report", "reconcile"]
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+log = logging.getLogger("nexo_django.recovery")
+
+
+@dataclass
+class Report:
+    requeued: list[str] = field(default_factory=list)
+    needs_attention: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    resent: list[str] = field(default_factory=list)
+    #: Problems a person must fix, e.g. no worker listening on the run queue.
+    warnings: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return (
+            f"requeued={len(self.requeued)} needs_attention={len(self.needs_attention)} "
+            f"failed={len(self.failed)} resent={len(self.resent)}"
+        )
+
+
+#: The suspended runs a round looks at are those with a call that changed this recently (at least
+#: ten rounds' worth); ``reconcile(full=True)`` looks at every suspended run.
+RECENT = timedelta(hours=1)
+BATCH = 500
+
+
+def reconcile(
+    *, now: datetime | None = None, stale_after: float | None = None, full: bool = False
+) -> Report:
+    """Recover runs whose worker died (expired lease), whose job will never claim them (queued,
+    and their job is not waiting in Redis: lost, taken by a killed worker, failed), or that were
+    left suspended with nothing pending. A round reads only the runs that may need it (indexed),
+    so its cost does not grow with the number of suspended or finished runs."""
+    now = now or timezone.now()
+    report = Report()
+    expired = AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).order_by()
+    for run in expired:
+        _recover_expired(run, now, report)
+    grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
+    _resend_lost_jobs(now - grace, report)
+    _wake_forgotten(None if full else now - max(RECENT, 10 * grace), report)
+    _warn_if_nobody_listens(report, now)
+    if report.requeued or report.needs_attention or report.failed or report.resent:
+        log.info("reconcile: %s", report)
+    return report
+
+
+def _resend_lost_jobs(before: datetime, report: Report) -> None:
+    from redis.exceptions import RedisError
+
+    for run in AgentRun.objects.filter(status=RunStatus.QUEUED, updated_at__lt=before).order_by():
+        try:
+            if dispatch.job_pending(run.pk, run.generation):
+                continue
+            status = dispatch.job_status(run.pk, run.generation)
+        except (RedisError, OSError) as exc:
+            log.warning("reconcile: Redis is unreachable (%s); queued runs are checked next round", exc)
+            return
+        with transaction.atomic():
+            if status in (None, "started"):
+                # Lost with Redis (flushed, restarted empty), never sent, or taken by a worker that
+                # has not claimed the run by now: it may have been killed (a SimpleWorker leaves its
+                # job "started"), or be slow; a second job is safe, the claim is a compare-and-set.
+                if _new_job(run):
+                    report.resent.append(str(run.pk))
+            else:
+                # The job ended without claiming the run (claimed by its first commit): its work
+                # horse died, or it failed (the database was down). A recovery, counted like an
+                # expired lease, so a run that kills every worker before its first commit gives up.
+                _recover_queued(run, report)
+
+
+def _new_job(run: AgentRun, **fields: object) -> bool:
+    """A new generation, so a new job id: the old job stays as it is. Should it run after all,
+    it finds the run claimed (or its generation gone) and does nothing."""
+    if not AgentRun.objects.filter(pk=run.pk, status=RunStatus.QUEUED, generation=run.generation).update(
+        generation=F("generation") + 1, updated_at=timezone.now(), **fields
+    ):
+        return False
+    dispatch.enqueue_run(run.pk, run.generation + 1)
+    return True
+
+
+def _recover_queued(run: AgentRun, report: Report) -> None:
+    recoveries = _count_recovery(run, RunStatus.QUEUED, report)
+    if recoveries is not None and _new_job(run, recoveries=recoveries):
+        report.requeued.append(str(run.pk))
+
+
+def _count_recovery(run: AgentRun, status: str, report: Report) -> int | None:
+    """Record one recovery of ``run`` (in ``status``) and return its new count, or give the run up
+    (failed, None) after ``MAX_RECOVERIES`` in a row. Only recoveries without progress count: a
+    long run whose workers are killed now and then, but that gets further each time, goes on."""
+    messages = RunMessage.objects.filter(run_id=run.pk).count()
+    last = (
+        RunEvent.objects.filter(run_id=run.pk, type="recovered").order_by("-id").values_list("data", flat=True).first()
+    )
+    streak = run.recoveries
+    if isinstance(last, dict) and isinstance(last.get("messages"), int) and messages > last["messages"]:
+        streak = 0
+    if streak >= int(nexo_settings.MAX_RECOVERIES):
+        if transition(run, status, RunStatus.FAILED, finished_at=timezone.now(),
+                      error=f"gave up after {streak} recoveries without progress: the worker running it kept dying"):
+            RunEvent.objects.create(run_id=run.pk, type="gave_up", data={"recoveries": streak})
+            report.failed.append(str(run.pk))
+        return None
+    RunEvent.objects.create(run_id=run.pk, type="recovered", data={"recoveries": streak + 1, "messages": messages})
+    return streak + 1
+
+
+def _wake_forgotten(since: datetime | None, report: Report) -> None:
+    pending = ToolCall.objects.filter(run=OuterRef("pk"), status=CallStatus.PENDING_APPROVAL)
+    suspended = AgentRun.objects.filter(status=RunStatus.SUSPENDED).exclude(Exists(pending)).order_by()
+    if since is None:
+        batches: Iterable[QuerySet[AgentRun]] = [suspended]
+    else:
+        # Only a call that left pending_approval can leave a run with nothing pending: look at
+        # the runs of the calls that changed lately (an index), not at every suspended run. The
+        # ids are read first: given a subquery, SQLite walks every suspended run instead.
+        # (No DISTINCT either: SQLite would rather walk another index in run order for it.)
+        recent = sorted(set(ToolCall.objects.filter(updated_at__gte=since).order_by().values_list("run_id", flat=True)))
+        batches = (suspended.filter(pk__in=recent[i : i + BATCH]) for i in range(0, len(recent), BATCH))
+    for batch in batches:
+        for run in batch:
+            with transaction.atomic():
+                if wake(run, RunStatus.SUSPENDED, unless_pending=True):
+                    report.requeued.append(str(run.pk))
+
+
+def _recover_expired(run: AgentRun, now: datetime, report: Report) -> None:
+    with transaction.atomic():
+        # Take the run from the dead worker: clearing the lease fences off any late write of its.
+        # The expiry is checked again here: a heartbeat may have renewed it since the run was read.
+        if not AgentRun.objects.filter(
+            pk=run.pk, status=RunStatus.RUNNING, lease_owner=run.lease_owner, lease_expires_at__lt=now
+        ).update(lease_owner=None, updated_at=timezone.now()):
+            return
+        executing = list(ToolCall.objects.filter(run_id=run.pk, status=CallStatus.EXECUTING))
+        unsafe = [c for c in executing if not c.idempotent]
+        safe = [c for c in executing if c.idempotent]
+        if safe:
+            ToolCall.objects.filter(pk__in=[c.pk for c in safe]).update(status=CallStatus.APPROVED)
+        if unsafe:
+            ToolCall.objects.filter(pk__in=[c.pk for c in unsafe]).update(status=CallStatus.OUTCOME_UNKNOWN)
+            names = ", ".join(f"{c.name} ({c.tool_call_id})" for c in unsafe)
+            transition(run, RunStatus.RUNNING, RunStatus.NEEDS_ATTENTION,
+                       error=f"the worker stopped while {names} ran; its outcome is unknown and it was not "
+                       "run again. A person must decide.")
+            RunEvent.objects.create(run_id=run.pk, type="outcome_unknown", data={"calls": [c.tool_call_id for c in unsafe]})
+            report.needs_attention.append(str(run.pk))
+            return
+        recoveries = _count_recovery(run, RunStatus.RUNNING, report)
+        if recoveries is None:
+            return
+        run.recoveries = recoveries
+        AgentRun.objects.filter(pk=run.pk).update(recoveries=recoveries)
+        if wake(run, RunStatus.RUNNING):
+            report.requeued.append(str(run.pk))
+
+
+def _warn_if_nobody_listens(report: Report, now: datetime) -> None:
+
+    warning = queue_warning(now=now)
+    if warning is not None:
+        report.warnings.append(str(warning))
+        log.warning("reconcile: %s", warning)
