@@ -177,7 +177,7 @@ def test_counting_hidden_characters_of_a_huge_value_is_bounded() -> None:
     assert count_hidden({"a": "x" * 5_000_000}) == (0, True)
     assert count_hidden({"a": "\u202e" * 3, "b": ["\u200b"]}) == (4, True)
     found, exact = count_hidden({"a": "\u200b" * 3_000_000})
-    assert found == 2_000_000 and not exact
+    assert 2_000_000 <= found < 3_000_000 and not exact
 
 
 def test_scripted_the_editor_refuses_arguments_too_long_to_edit(tmp_path: Path) -> None:
