@@ -17,6 +17,7 @@ from ..core.errors import NexoError, SecurityError
 from ..core.sandboxes import Sandbox
 from ..durable.runs import build_agent
 from ..models import AgentRun, ToolCall
+from .loading import string_member
 
 #: Bytes of the current file (and of the proposed content) compared; the rest is not shown.
 DIFF_MAX_BYTES = 256 * 1024
@@ -84,7 +85,9 @@ def _first_difference(old: bytes, new: bytes) -> int:
     return min(len(old), len(new))
 
 
-def write_diff(sandbox: Sandbox, path: Any, content: Any) -> CallPreview:
+def write_diff(sandbox: Sandbox, path: Any, content: Any, *, content_chars: int | None = None) -> CallPreview:
+    """The difference ``write(path, content)`` would make. ``content_chars`` is the full length
+    of a content given cut (its first characters only): past the cut nothing is called equal."""
     preview = CallPreview(describe_workspace(sandbox))
     if not isinstance(path, str) or not isinstance(content, str):
         preview.kind = "unavailable"
@@ -109,10 +112,12 @@ def write_diff(sandbox: Sandbox, path: Any, content: Any) -> CallPreview:
             )
         preview.kind = "changed"
     new_bytes = content.encode("utf-8", errors="surrogatepass")
-    if len(new_bytes) > DIFF_MAX_BYTES:
+    given_cut = content_chars is not None and content_chars > len(content)
+    if len(new_bytes) > DIFF_MAX_BYTES or given_cut:
         cut = True
+        size = f"{content_chars:,} characters" if given_cut else f"{len(new_bytes):,} bytes"
         preview.notes.append(
-            f"The proposed content is {len(new_bytes):,} bytes: only the first {DIFF_MAX_BYTES // 1024} KiB are compared."
+            f"The proposed content is {size}: only the first {DIFF_MAX_BYTES // 1024} KiB are compared."
         )
         new_bytes = new_bytes[:DIFF_MAX_BYTES]
     if preview.kind == "changed" and old_bytes == new_bytes:
@@ -155,7 +160,15 @@ def call_preview(run: AgentRun, call: ToolCall) -> CallPreview:
     except Exception as exc:  # an agent that no longer imports must not hide the decision page
         return CallPreview(f"unknown: the agent cannot be rebuilt ({type(exc).__name__}: {exc})", "unavailable")
     try:
-        if call.capability == "write" and call.name == "write" and isinstance(call.args, dict):
+        if call.capability != "write" or call.name != "write":
+            return CallPreview(describe_workspace(agent.workspace))
+        if "args" in call.get_deferred_fields():
+            # The page did not load the arguments (they may be megabytes): the database cuts the
+            # two it needs, and the content's full length is what the notes report.
+            path, _ = string_member(ToolCall, call.pk, "args", "path", 4096)
+            content, size = string_member(ToolCall, call.pk, "args", "content", DIFF_MAX_BYTES + 1)
+            return write_diff(agent.workspace, path, content, content_chars=size)
+        if isinstance(call.args, dict):
             return write_diff(agent.workspace, call.args.get("path"), call.args.get("content"))
         return CallPreview(describe_workspace(agent.workspace))
     finally:

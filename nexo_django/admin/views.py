@@ -24,11 +24,19 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from ..bounded import bounded_json, bounded_text, count_hidden, long_strings, message_view, preview
+from ..bounded import (
+    MESSAGE_BYTES,
+    bounded_json,
+    bounded_text,
+    count_hidden,
+    long_strings,
+    message_view,
+    preview,
+)
 from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
 from ..display import json_diff, json_for_editor, mark_hidden, reveal
 from ..durable import runs
-from ..models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
+from ..models import AgentRun, CallStatus, RunMessage, RunStatus, ToolCall, args_digest
 from .base import NexoModelAdmin
 from .forms import (
     APPROVE,
@@ -39,6 +47,7 @@ from .forms import (
     REVIEW_EDIT,
     BulkDenyForm,
 )
+from .loading import Stored, load, load_many
 
 #: the inbox's and the run page's admins (``nexo_django.admin``), which import this module:
 #: named by their base here, with the hooks of their own reached as ``Any``
@@ -96,21 +105,37 @@ def transcript_context(model_admin: NexoModelAdmin, request: HttpRequest, run: A
     show_all = request.GET.get("transcript") == "all"
     messages_qs = model_admin.get_transcript(request, run)
     total = messages_qs.count()
+    messages_qs = messages_qs.defer("data")
     rows = list(messages_qs) if show_all else list(reversed(messages_qs.reverse()[: model_admin.transcript_limit]))
+    stored = load_many(RunMessage, [m.pk for m in rows], "data")
     return {
         # Each message bounded: a page shows the transcript's last messages, never megabytes.
-        "transcript": [{"seq": m.seq, **message_view(m.data)} for m in rows],
+        "transcript": [{"seq": m.seq, **_message(m, stored[m.pk])} for m in rows if m.pk in stored],
         "transcript_total": total,
         "transcript_hidden": total - len(rows),
     }
 
 
+def _message(row: RunMessage, stored: Stored) -> dict[str, Any]:
+    if not stored.big:
+        return message_view(stored.value)
+    # Too big to load into a page: the start of its stored JSON text, as stored.
+    view = message_view({"role": row.role, "content": None})
+    view["json"] = bounded_text(stored.prefix, keep="\n", budget=MESSAGE_BYTES).html
+    view["clipped"] = True
+    return view
+
+
 # --- one call ------------------------------------------------------------------------------------
 
 
-def _find_call(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> ToolCall | None:
+def _find_call(
+    model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str, *, defer_args: bool = False
+) -> ToolCall | None:
+    # A page defers the arguments and loads them by size (admin.loading); a decision needs no more.
     try:
-        return model_admin.get_queryset(request).filter(pk=object_id).first()
+        calls = model_admin.get_queryset(request).filter(pk=object_id)
+        return (calls.defer("args") if defer_args else calls).first()
     except (ValueError, ValidationError):
         return None
 
@@ -137,7 +162,7 @@ def decision_view(model_admin: PendingApprovalAdmin, request: HttpRequest, objec
     refused = _refuse(model_admin, request)
     if refused is not None:
         return refused
-    call = _find_call(model_admin, request, object_id)
+    call = _find_call(model_admin, request, object_id, defer_args=request.method != "POST")
     if call is None:
         messages.warning(request, "That call is no longer waiting for a decision (it was decided, or its run ended).")
         return HttpResponseRedirect(_changelist_url(model_admin))
@@ -177,22 +202,27 @@ def edit_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id
     refused = _refuse(model_admin, request)
     if refused is not None:
         return refused
-    call = _find_call(model_admin, request, object_id)
+    call = _find_call(model_admin, request, object_id, defer_args=True)
     if call is None:
         messages.warning(request, "That call is no longer waiting for a decision (it was decided, or its run ended).")
         return HttpResponseRedirect(_changelist_url(model_admin))
-    text = json_for_editor(call.args) if _editable(call) else ""
-    form = model_admin.get_decision_form(request, call, initial={"digest": call.digest, "edited_args": text})
+    text = _editor_text(call)
+    form = model_admin.get_decision_form(request, call, initial={"digest": call.digest, "edited_args": text or ""})
     return _edit_page(model_admin, request, call, form)
 
 
-def _editable(call: ToolCall) -> bool:
-    # Cheap first: the stored JSON's size (a 50 MB argument is not pretty-printed for nothing).
-    return len(json.dumps(call.args, ensure_ascii=False, default=str)) <= EDITED_MAX_CHARS
+def _editor_text(call: ToolCall) -> str | None:
+    """The arguments as the editor shows them, or None when they are longer than an edit may be
+    (their stored size is asked first: a 50 MB argument is not loaded for nothing)."""
+    stored = load(ToolCall, call.pk, "args")
+    if stored.big or stored.size > EDITED_MAX_CHARS:
+        return None
+    text = json_for_editor(stored.value)
+    return text if len(text) <= EDITED_MAX_CHARS else None
 
 
 def _edit_page(model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, form: Any) -> HttpResponse:
-    editable = _editable(call)
+    editable = _editor_text(call) is not None
     context = {
         **_base_context(model_admin, request, mark_hidden(f"Edit the arguments of {call.name}"), call),
         "call": call,
@@ -211,13 +241,25 @@ def _decision_page(
     model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, form: Any, *, editing: bool = False
 ) -> HttpResponse:
     run = call.run
-    pending = list(model_admin.get_other_pending(request, call)[: OTHER_PENDING_SHOWN + 1])
+    pending = list(model_admin.get_other_pending(request, call).defer("args")[: OTHER_PENDING_SHOWN + 1])
+    stored_others = load_many(ToolCall, [c.pk for c in pending[:OTHER_PENDING_SHOWN]], "args")
     other = [
-        {"url": model_admin.call_url(c.pk), "name": reveal(c.name), "preview": preview(c.args)}
+        {"url": model_admin.call_url(c.pk), "name": reveal(c.name), "preview": _preview(stored_others.get(c.pk))}
         for c in pending[:OTHER_PENDING_SHOWN]
     ]
-    args = bounded_json(call.args)
-    hidden, exact = count_hidden(call.args)
+    stored = load(ToolCall, call.pk, "args")
+    if stored.big:
+        # Too big to load into a page: the start of its stored JSON text, as stored.
+        args = bounded_text(stored.prefix, keep="\n")
+        args.clipped = True
+        hidden, exact = count_hidden(stored.prefix)
+        strings: list[Any] = []
+    else:
+        if "args" in call.get_deferred_fields():
+            call.args = stored.value
+        args = bounded_json(stored.value)
+        hidden, exact = count_hidden(stored.value)
+        strings = long_strings(stored.value)
     context = {
         **_base_context(model_admin, request, mark_hidden(f"Decide: {call.name} in {run.agent_name} run {str(run.pk)[:8]}"), call),
         "call": call,
@@ -229,9 +271,11 @@ def _decision_page(
         "age": timesince(call.created_at),
         "args_html": args.html,
         "args_clipped": args.clipped,
+        "args_size": stored.size,
+        "args_big": stored.big,
         "hidden_count": hidden,
         "hidden_exact": exact,
-        "long_strings": long_strings(call.args),
+        "long_strings": strings,
         "arguments_url": model_admin.pending_arguments_url(call.pk),
         "edit_url": model_admin.call_edit_url(call.pk),
         "preview": model_admin.get_call_preview(request, call),
@@ -242,6 +286,12 @@ def _decision_page(
         **transcript_context(model_admin, request, run),
     }
     return TemplateResponse(request, model_admin.decision_template, context)
+
+
+def _preview(stored: Stored | None) -> SafeString:
+    if stored is None:
+        return preview(None)
+    return preview(stored.value) if not stored.big else bounded_text(stored.prefix, keep="", chars=79).html
 
 
 def _review_page(
@@ -388,7 +438,13 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         raise Http404("No such run, or it is not yours to see.")
     if request.method == "POST":
         return _run_action(model_admin, request, run)
-    calls = list(ToolCall.objects.filter(run=run).select_related("decision", "decision__decided_by").order_by("created_at", "id"))
+    calls = list(
+        ToolCall.objects.filter(run=run).defer("args", "result")
+        .select_related("decision", "decision__decided_by").order_by("created_at", "id")
+    )
+    # Arguments and results by size: a call of 50 MB is shown by the start of its stored text.
+    stored_args = load_many(ToolCall, [c.pk for c in calls], "args")
+    stored_results = load_many(ToolCall, [c.pk for c in calls], "result")
     show_all_events = request.GET.get("events") == "all"
     events_qs = model_admin.get_events(request, run)
     events_total = events_qs.count()
@@ -400,7 +456,7 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         "result_html": bounded_text(run.result).html if run.result is not None else None,
         "error_html": bounded_text(run.error).html if run.error else None,
         "started_by": str(run.created_by) if run.created_by_id else "—",
-        "calls": [_call_row(model_admin, c) for c in calls],
+        "calls": [_call_row(model_admin, c, stored_args[c.pk], stored_results[c.pk]) for c in calls],
         "has_unknown": any(c.status == CallStatus.OUTCOME_UNKNOWN for c in calls),
         "can_cancel": not run.is_terminal,
         "can_retry": run.status == RunStatus.NEEDS_ATTENTION,
@@ -413,7 +469,13 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
     return TemplateResponse(request, model_admin.detail_template, context)
 
 
-def _call_row(model_admin: AgentRunAdmin, call: ToolCall) -> dict[str, Any]:
+def _cell(stored: Stored) -> SafeString:
+    if stored.big:
+        return bounded_text(stored.prefix, keep="\n", budget=CALL_CELL_BYTES).html
+    return bounded_json(stored.value, budget=CALL_CELL_BYTES, string_chars=2_000).html
+
+
+def _call_row(model_admin: AgentRunAdmin, call: ToolCall, args: Stored, result: Stored) -> dict[str, Any]:
     decision = getattr(call, "decision", None)
     return {
         "pk": call.pk,
@@ -426,8 +488,8 @@ def _call_row(model_admin: AgentRunAdmin, call: ToolCall) -> dict[str, Any]:
         "decide_url": model_admin.call_url(call.pk),
         "arguments_url": model_admin.run_call_arguments_url(call.run_id, call.pk),
         # Each call's cell is bounded; the full arguments are a download away.
-        "args": bounded_json(call.args, budget=CALL_CELL_BYTES, string_chars=2_000).html,
-        "result": bounded_json(call.result, budget=CALL_CELL_BYTES, string_chars=2_000).html if call.result is not None else None,
+        "args": _cell(args),
+        "result": _cell(result) if result.big or result.value is not None else None,
         "decision": None if decision is None else {
             "verdict": decision.verdict,
             "by": str(decision.decided_by) if decision.decided_by_id else "system",

@@ -1,0 +1,76 @@
+"""What a page loads of a stored JSON value: all of it when it is of a size a page can use, else
+a prefix cut by the database, so a 50 MB argument is neither read into the web process nor parsed
+to show its first lines. The size is the stored JSON text's length, asked of the database first."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import F, Model, TextField
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Length, Substr
+
+#: Characters of stored JSON past which a page loads a prefix instead of the value.
+BIG_JSON = 1_000_000
+#: Characters of stored JSON text loaded for a value past BIG_JSON.
+PREFIX_CHARS = 64_000
+
+
+@dataclass
+class Stored:
+    """One stored JSON value as a page gets it: ``value`` when it is small, else ``prefix``, the
+    first characters of its stored JSON text; ``size`` is the length of that text."""
+
+    value: Any
+    size: int
+    prefix: str | None = None
+
+    @property
+    def big(self) -> bool:
+        return self.prefix is not None
+
+
+def _text(field: str) -> Cast:
+    return Cast(F(field), output_field=TextField())
+
+
+def load(model: type[Model], pk: Any, field: str) -> Stored:
+    rows = model._default_manager.filter(pk=pk)
+    size = rows.annotate(nexo_size=Length(_text(field))).values_list("nexo_size", flat=True).first()
+    size = int(size or 0)
+    if size <= BIG_JSON:
+        return Stored(rows.values_list(field, flat=True).first(), size)
+    prefix = rows.annotate(nexo_prefix=Substr(_text(field), 1, PREFIX_CHARS)).values_list("nexo_prefix", flat=True).first()
+    return Stored(None, size, str(prefix or ""))
+
+
+def load_many(model: type[Model], pks: list[Any], field: str) -> dict[Any, Stored]:
+    """``load`` for several rows in three queries at most."""
+    rows = model._default_manager.filter(pk__in=pks)
+    sizes = dict(rows.annotate(nexo_size=Length(_text(field))).values_list("pk", "nexo_size"))
+    small = [pk for pk, size in sizes.items() if int(size or 0) <= BIG_JSON]
+    found: dict[Any, Stored] = {
+        pk: Stored(value, int(sizes[pk] or 0)) for pk, value in rows.filter(pk__in=small).values_list("pk", field)
+    }
+    big = [pk for pk in sizes if pk not in found]
+    if big:
+        prefixes = rows.filter(pk__in=big).annotate(nexo_prefix=Substr(_text(field), 1, PREFIX_CHARS))
+        for pk, prefix in prefixes.values_list("pk", "nexo_prefix"):
+            found[pk] = Stored(None, int(sizes[pk] or 0), str(prefix or ""))
+    return found
+
+
+def string_member(model: type[Model], pk: Any, field: str, key: str, chars: int) -> tuple[str | None, int]:
+    """The first ``chars`` characters of the string ``field[key]`` and its full length, cut by
+    the database (``(None, 0)`` when it is not there)."""
+    member = KT(f"{field}__{key}")
+    row = (
+        model._default_manager.filter(pk=pk)
+        .annotate(nexo_part=Substr(member, 1, chars), nexo_length=Length(member))
+        .values_list("nexo_part", "nexo_length")
+        .first()
+    )
+    if row is None or row[0] is None:
+        return None, 0
+    return str(row[0]), int(row[1] or 0)
