@@ -10,6 +10,14 @@ from typing import Any
 from django.db.models import F, Model, TextField
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Length, Substr
+from django.http import HttpRequest
+from django.utils.safestring import SafeString
+
+from ..bounded import MESSAGE_BYTES, bounded_json, bounded_text, message_view, preview
+from ..models import AgentRun, RunMessage
+
+#: HTML bytes of one call's arguments (and of its result) on a run's page.
+CALL_CELL_BYTES = 8_000
 
 #: Characters of stored JSON past which a page loads a prefix instead of the value.
 BIG_JSON = 1_000_000
@@ -74,3 +82,45 @@ def string_member(model: type[Model], pk: Any, field: str, key: str, chars: int)
     if row is None or row[0] is None:
         return None, 0
     return str(row[0]), int(row[1] or 0)
+
+
+# --- shown on a page, by size --------------------------------------------------------------------
+
+
+def transcript_context(model_admin: Any, request: HttpRequest, run: AgentRun) -> dict[str, Any]:
+    show_all = request.GET.get("transcript") == "all"
+    messages_qs = model_admin.get_transcript(request, run)
+    total = messages_qs.count()
+    messages_qs = messages_qs.defer("data")
+    rows = list(messages_qs) if show_all else list(reversed(messages_qs.reverse()[: model_admin.transcript_limit]))
+    stored = load_many(RunMessage, [m.pk for m in rows], "data")
+    return {
+        # Each message bounded: a page shows the transcript's last messages, never megabytes.
+        "transcript": [{"seq": m.seq, **message_shown(m, stored[m.pk])} for m in rows if m.pk in stored],
+        "transcript_total": total,
+        "transcript_hidden": total - len(rows),
+    }
+
+
+def message_shown(row: RunMessage, stored: Stored) -> dict[str, Any]:
+    if not stored.big:
+        return message_view(stored.value)
+    # Too big to load into a page: the start of its stored JSON text, as stored.
+    view = message_view({"role": row.role, "content": None})
+    view["json"] = bounded_text(stored.prefix, keep="\n", budget=MESSAGE_BYTES).html
+    view["clipped"] = True
+    return view
+
+
+def preview_shown(stored: Stored | None) -> SafeString:
+    if stored is None:
+        return preview(None)
+    return preview(stored.value) if not stored.big else bounded_text(stored.prefix, keep="", chars=79).html
+
+
+def cell_shown(stored: Stored) -> SafeString:
+    if stored.big:
+        return bounded_text(stored.prefix, keep="\n", budget=CALL_CELL_BYTES).html
+    return bounded_json(stored.value, budget=CALL_CELL_BYTES, string_chars=2_000).html
+
+

@@ -25,18 +25,16 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
 from ..bounded import (
-    MESSAGE_BYTES,
     bounded_json,
     bounded_text,
     count_hidden,
     long_strings,
-    message_view,
     preview,
 )
 from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
 from ..display import json_diff, json_for_editor, mark_hidden, reveal
 from ..durable import runs
-from ..models import AgentRun, CallStatus, RunMessage, RunStatus, ToolCall, args_digest
+from ..models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
 from .base import NexoModelAdmin
 from .forms import (
     APPROVE,
@@ -47,7 +45,15 @@ from .forms import (
     REVIEW_EDIT,
     BulkDenyForm,
 )
-from .loading import Stored, load, load_many
+from .loading import (
+    CALL_CELL_BYTES,
+    Stored,
+    cell_shown,
+    load,
+    load_many,
+    preview_shown,
+    transcript_context,
+)
 
 #: the inbox's and the run page's admins (``nexo_django.admin``), which import this module:
 #: named by their base here, with the hooks of their own reached as ``Any``
@@ -99,31 +105,6 @@ def _base_context(model_admin: Any, request: HttpRequest, title: str, obj: Any =
         "has_view_permission": True,
         "can_decide": model_admin.has_decide_permission(request, obj),
     }
-
-
-def transcript_context(model_admin: NexoModelAdmin, request: HttpRequest, run: AgentRun) -> dict[str, Any]:
-    show_all = request.GET.get("transcript") == "all"
-    messages_qs = model_admin.get_transcript(request, run)
-    total = messages_qs.count()
-    messages_qs = messages_qs.defer("data")
-    rows = list(messages_qs) if show_all else list(reversed(messages_qs.reverse()[: model_admin.transcript_limit]))
-    stored = load_many(RunMessage, [m.pk for m in rows], "data")
-    return {
-        # Each message bounded: a page shows the transcript's last messages, never megabytes.
-        "transcript": [{"seq": m.seq, **_message(m, stored[m.pk])} for m in rows if m.pk in stored],
-        "transcript_total": total,
-        "transcript_hidden": total - len(rows),
-    }
-
-
-def _message(row: RunMessage, stored: Stored) -> dict[str, Any]:
-    if not stored.big:
-        return message_view(stored.value)
-    # Too big to load into a page: the start of its stored JSON text, as stored.
-    view = message_view({"role": row.role, "content": None})
-    view["json"] = bounded_text(stored.prefix, keep="\n", budget=MESSAGE_BYTES).html
-    view["clipped"] = True
-    return view
 
 
 # --- one call ------------------------------------------------------------------------------------
@@ -244,7 +225,7 @@ def _decision_page(
     pending = list(model_admin.get_other_pending(request, call).defer("args")[: OTHER_PENDING_SHOWN + 1])
     stored_others = load_many(ToolCall, [c.pk for c in pending[:OTHER_PENDING_SHOWN]], "args")
     other = [
-        {"url": model_admin.call_url(c.pk), "name": reveal(c.name), "preview": _preview(stored_others.get(c.pk))}
+        {"url": model_admin.call_url(c.pk), "name": reveal(c.name), "preview": preview_shown(stored_others.get(c.pk))}
         for c in pending[:OTHER_PENDING_SHOWN]
     ]
     stored = load(ToolCall, call.pk, "args")
@@ -286,12 +267,6 @@ def _decision_page(
         **transcript_context(model_admin, request, run),
     }
     return TemplateResponse(request, model_admin.decision_template, context)
-
-
-def _preview(stored: Stored | None) -> SafeString:
-    if stored is None:
-        return preview(None)
-    return preview(stored.value) if not stored.big else bounded_text(stored.prefix, keep="", chars=79).html
 
 
 def _review_page(
@@ -422,8 +397,6 @@ def bulk_deny(model_admin: PendingApprovalAdmin, request: HttpRequest, queryset:
 # --- runs ----------------------------------------------------------------------------------------
 
 RUN_ACTIONS = ("cancel", "retry", "rerun", "do_not_rerun")
-#: HTML bytes of one call's arguments (and of its result) on a run's page.
-CALL_CELL_BYTES = 8_000
 
 
 def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -469,12 +442,6 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
     return TemplateResponse(request, model_admin.detail_template, context)
 
 
-def _cell(stored: Stored) -> SafeString:
-    if stored.big:
-        return bounded_text(stored.prefix, keep="\n", budget=CALL_CELL_BYTES).html
-    return bounded_json(stored.value, budget=CALL_CELL_BYTES, string_chars=2_000).html
-
-
 def _call_row(model_admin: AgentRunAdmin, call: ToolCall, args: Stored, result: Stored) -> dict[str, Any]:
     decision = getattr(call, "decision", None)
     return {
@@ -488,8 +455,8 @@ def _call_row(model_admin: AgentRunAdmin, call: ToolCall, args: Stored, result: 
         "decide_url": model_admin.call_url(call.pk),
         "arguments_url": model_admin.run_call_arguments_url(call.run_id, call.pk),
         # Each call's cell is bounded; the full arguments are a download away.
-        "args": _cell(args),
-        "result": _cell(result) if result.big or result.value is not None else None,
+        "args": cell_shown(args),
+        "result": cell_shown(result) if result.big or result.value is not None else None,
         "decision": None if decision is None else {
             "verdict": decision.verdict,
             "by": str(decision.decided_by) if decision.decided_by_id else "system",
