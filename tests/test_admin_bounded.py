@@ -228,3 +228,27 @@ def test_scripted_a_decided_call_is_no_longer_downloadable_from_the_inbox(tmp_pa
     client = client_for(approver())
     browser_post(client, call, "deny")
     assert client.get(arguments_url(call)).status_code == 404
+
+
+def test_scripted_arguments_past_the_load_limit_are_cut_by_the_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nexo_django.admin import loading
+
+    monkeypatch.setattr(loading, "BIG_JSON", 20_000)  # as a 50 MB argument is past the real limit
+    monkeypatch.setattr(loading, "PREFIX_CHARS", 5_000)
+    content = "\u202e" + "a line of the file\n" * 5_000
+    call = pending_write(tmp_path, content)
+    client = client_for(approver())
+    html = client.get(decision_url(call)).content.decode()
+    assert 'id="args-clipped"' in html and "bytes of JSON, too many to load into this page" in html
+    assert "too large to compare on this page" in html  # the write preview says so, never "unchanged"
+    assert "already has exactly this content" not in html
+    assert "\u202e" not in html, html[html.index("\u202e") - 300 : html.index("\u202e") + 50]
+    assert 'id="hidden-warning"' in html
+    assert len(html) < 200_000
+    run_page = client.get(run_url(call.run)).content.decode()
+    assert "\u202e" not in run_page and len(run_page) < 200_000
+    # The decision itself does not depend on what the page loaded.
+    assert browser_post(client, call, "approve").status_code == 302
+    assert (tmp_path / "big.txt").read_text() == content

@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import F, Model, TextField
-from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, Length, Substr
+from django.db.models import F, Func, IntegerField, Model, TextField
+from django.db.models.functions import Cast, Substr
 from django.http import HttpRequest
 from django.utils.safestring import SafeString
 
@@ -19,8 +18,9 @@ from ..models import AgentRun, RunMessage
 #: HTML bytes of one call's arguments (and of its result) on a run's page.
 CALL_CELL_BYTES = 8_000
 
-#: Characters of stored JSON past which a page loads a prefix instead of the value.
-BIG_JSON = 1_000_000
+#: Size of stored JSON past which a page loads a prefix instead of the value (a 3 MB argument
+#: is still loaded, parsed and shown cut; past this, reading it is most of a page's time).
+BIG_JSON = 4_000_000
 #: Characters of stored JSON text loaded for a value past BIG_JSON.
 PREFIX_CHARS = 64_000
 
@@ -43,9 +43,24 @@ def _text(field: str) -> Cast:
     return Cast(F(field), output_field=TextField())
 
 
+class _Size(Func):
+    """The stored size of a JSON column: SQLite reads a BLOB's length without decoding UTF-8
+    (``length()`` of TEXT counts characters, a scan of the value); elsewhere its text length."""
+
+    function = "LENGTH"
+    output_field = IntegerField()
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)
+
+
+def _size(field: str) -> Func:
+    return _Size(_text(field))
+
+
 def load(model: type[Model], pk: Any, field: str) -> Stored:
     rows = model._default_manager.filter(pk=pk)
-    size = rows.annotate(nexo_size=Length(_text(field))).values_list("nexo_size", flat=True).first()
+    size = rows.annotate(nexo_size=_size(field)).values_list("nexo_size", flat=True).first()
     size = int(size or 0)
     if size <= BIG_JSON:
         return Stored(rows.values_list(field, flat=True).first(), size)
@@ -56,7 +71,7 @@ def load(model: type[Model], pk: Any, field: str) -> Stored:
 def load_many(model: type[Model], pks: list[Any], field: str) -> dict[Any, Stored]:
     """``load`` for several rows in three queries at most."""
     rows = model._default_manager.filter(pk__in=pks)
-    sizes = dict(rows.annotate(nexo_size=Length(_text(field))).values_list("pk", "nexo_size"))
+    sizes = dict(rows.annotate(nexo_size=_size(field)).values_list("pk", "nexo_size"))
     small = [pk for pk, size in sizes.items() if int(size or 0) <= BIG_JSON]
     found: dict[Any, Stored] = {
         pk: Stored(value, int(sizes[pk] or 0)) for pk, value in rows.filter(pk__in=small).values_list("pk", field)
@@ -69,19 +84,9 @@ def load_many(model: type[Model], pks: list[Any], field: str) -> dict[Any, Store
     return found
 
 
-def string_member(model: type[Model], pk: Any, field: str, key: str, chars: int) -> tuple[str | None, int]:
-    """The first ``chars`` characters of the string ``field[key]`` and its full length, cut by
-    the database (``(None, 0)`` when it is not there)."""
-    member = KT(f"{field}__{key}")
-    row = (
-        model._default_manager.filter(pk=pk)
-        .annotate(nexo_part=Substr(member, 1, chars), nexo_length=Length(member))
-        .values_list("nexo_part", "nexo_length")
-        .first()
-    )
-    if row is None or row[0] is None:
-        return None, 0
-    return str(row[0]), int(row[1] or 0)
+def json_size(model: type[Model], pk: Any, field: str) -> int:
+    size = model._default_manager.filter(pk=pk).annotate(nexo_size=_size(field)).values_list("nexo_size", flat=True)
+    return int(size.first() or 0)
 
 
 # --- shown on a page, by size --------------------------------------------------------------------

@@ -17,7 +17,7 @@ from ..core.errors import NexoError, SecurityError
 from ..core.sandboxes import Sandbox
 from ..durable.runs import build_agent
 from ..models import AgentRun, ToolCall
-from .loading import string_member
+from . import loading
 
 #: Bytes of the current file (and of the proposed content) compared; the rest is not shown.
 DIFF_MAX_BYTES = 256 * 1024
@@ -163,11 +163,14 @@ def call_preview(run: AgentRun, call: ToolCall) -> CallPreview:
         if call.capability != "write" or call.name != "write":
             return CallPreview(describe_workspace(agent.workspace))
         if "args" in call.get_deferred_fields():
-            # The page did not load the arguments (they may be megabytes): the database cuts the
-            # two it needs, and the content's full length is what the notes report.
-            path, _ = string_member(ToolCall, call.pk, "args", "path", 4096)
-            content, size = string_member(ToolCall, call.pk, "args", "content", DIFF_MAX_BYTES + 1)
-            return write_diff(agent.workspace, path, content, content_chars=size)
+            size = loading.json_size(ToolCall, call.pk, "args")
+            if size > loading.BIG_JSON:
+                # Reading tens of megabytes to diff their first 256 KiB would be most of the page's
+                # time: said instead, and never called unchanged.
+                return CallPreview(describe_workspace(agent.workspace), "unavailable", notes=[
+                    f"The arguments are {size:,} bytes of JSON: too large to compare on this page; "
+                    "download them to read the content."
+                ])
         if isinstance(call.args, dict):
             return write_diff(agent.workspace, call.args.get("path"), call.args.get("content"))
         return CallPreview(describe_workspace(agent.workspace))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from typing import Any, TypeAlias
 
 from django.contrib import messages
@@ -32,7 +33,7 @@ from ..bounded import (
     preview,
 )
 from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
-from ..display import json_diff, json_for_editor, mark_hidden, reveal
+from ..display import is_hidden, json_diff, json_for_editor, mark_hidden, reveal
 from ..durable import runs
 from ..models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
 from .base import NexoModelAdmin
@@ -133,6 +134,7 @@ def _refuse(model_admin: Any, request: HttpRequest) -> HttpResponse | None:
     return None
 
 
+_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
 #: Other pending calls of the run listed on a decision page.
 OTHER_PENDING_SHOWN = 20
 #: HTML bytes of the pre-filled editor; past it the arguments are too long to edit on a page.
@@ -234,6 +236,9 @@ def _decision_page(
         args = bounded_text(stored.prefix, keep="\n")
         args.clipped = True
         hidden, exact = count_hidden(stored.prefix)
+        # Stored JSON text may write hidden characters as \uXXXX escapes (SQLite keeps ASCII): count those too.
+        hidden += sum(1 for code in _ESCAPE.findall(stored.prefix) if is_hidden(chr(int(code, 16))))
+        exact = False
         strings: list[Any] = []
     else:
         if "args" in call.get_deferred_fields():
