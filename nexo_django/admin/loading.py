@@ -59,28 +59,24 @@ def _size(field: str) -> Func:
 
 
 def load(model: type[Model], pk: Any, field: str) -> Stored:
-    rows = model._default_manager.filter(pk=pk)
-    size = rows.annotate(nexo_size=_size(field)).values_list("nexo_size", flat=True).first()
-    size = int(size or 0)
-    if size <= BIG_JSON:
-        return Stored(rows.values_list(field, flat=True).first(), size)
-    prefix = rows.annotate(nexo_prefix=Substr(_text(field), 1, PREFIX_CHARS)).values_list("nexo_prefix", flat=True).first()
-    return Stored(None, size, str(prefix or ""))
+    return load_many(model, [pk], field).get(pk, Stored(None, 0))
 
 
 def load_many(model: type[Model], pks: list[Any], field: str) -> dict[Any, Stored]:
-    """``load`` for several rows in three queries at most."""
+    """Each row's value of ``field`` by size: one query reads every size with its prefix (one
+    read of a big value), a second the values that are small enough to load."""
     rows = model._default_manager.filter(pk__in=pks)
-    sizes = dict(rows.annotate(nexo_size=_size(field)).values_list("pk", "nexo_size"))
-    small = [pk for pk, size in sizes.items() if int(size or 0) <= BIG_JSON]
-    found: dict[Any, Stored] = {
-        pk: Stored(value, int(sizes[pk] or 0)) for pk, value in rows.filter(pk__in=small).values_list("pk", field)
-    }
-    big = [pk for pk in sizes if pk not in found]
-    if big:
-        prefixes = rows.filter(pk__in=big).annotate(nexo_prefix=Substr(_text(field), 1, PREFIX_CHARS))
-        for pk, prefix in prefixes.values_list("pk", "nexo_prefix"):
-            found[pk] = Stored(None, int(sizes[pk] or 0), str(prefix or ""))
+    cut = rows.annotate(nexo_size=_size(field), nexo_prefix=Substr(_text(field), 1, PREFIX_CHARS))
+    found: dict[Any, Stored] = {}
+    small: dict[Any, int] = {}
+    for pk, size, prefix in cut.values_list("pk", "nexo_size", "nexo_prefix"):
+        if int(size or 0) > BIG_JSON:
+            found[pk] = Stored(None, int(size), str(prefix or ""))
+        else:
+            small[pk] = int(size or 0)
+    if small:
+        for pk, value in rows.filter(pk__in=list(small)).values_list("pk", field):
+            found[pk] = Stored(value, small[pk])
     return found
 
 

@@ -163,7 +163,8 @@ def call_preview(run: AgentRun, call: ToolCall) -> CallPreview:
         if call.capability != "write" or call.name != "write":
             return CallPreview(describe_workspace(agent.workspace))
         if "args" in call.get_deferred_fields():
-            size = loading.json_size(ToolCall, call.pk, "args")
+            # The page that loaded the arguments by size says it; else the database is asked.
+            size = getattr(call, "nexo_args_size", None) or loading.json_size(ToolCall, call.pk, "args")
             if size > loading.BIG_JSON:
                 # Reading tens of megabytes to diff their first 256 KiB would be most of the page's
                 # time: said instead, and never called unchanged.

@@ -231,6 +231,7 @@ def _decision_page(
         for c in pending[:OTHER_PENDING_SHOWN]
     ]
     stored = load(ToolCall, call.pk, "args")
+    call.nexo_args_size = stored.size  # type: ignore[attr-defined]  # read by admin.previews
     if stored.big:
         # Too big to load into a page: the start of its stored JSON text, as stored.
         args = bounded_text(stored.prefix, keep="\n")
