@@ -191,7 +191,7 @@ def edit_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id
         return HttpResponseRedirect(_changelist_url(model_admin))
     text = _editor_text(call)
     form = model_admin.get_decision_form(request, call, initial={"digest": call.digest, "edited_args": text or ""})
-    return _edit_page(model_admin, request, call, form)
+    return _edit_page(model_admin, request, call, form, editable=text is not None)
 
 
 def _editor_text(call: ToolCall) -> str | None:
@@ -204,8 +204,11 @@ def _editor_text(call: ToolCall) -> str | None:
     return text if len(text) <= EDITED_MAX_CHARS else None
 
 
-def _edit_page(model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, form: Any) -> HttpResponse:
-    editable = _editor_text(call) is not None
+def _edit_page(
+    model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, form: Any, *, editable: bool | None = None
+) -> HttpResponse:
+    if editable is None:
+        editable = _editor_text(call) is not None
     context = {
         **_base_context(model_admin, request, mark_hidden(f"Edit the arguments of {call.name}"), call),
         "call": call,
