@@ -237,11 +237,12 @@ def _decision_page(
     call.nexo_args_size = stored.size  # type: ignore[attr-defined]  # read by admin.previews
     if stored.big:
         # Too big to load into a page: the start of its stored JSON text, as stored.
-        args = bounded_text(stored.prefix, keep="\n")
+        prefix = stored.prefix or ""
+        args = bounded_text(prefix, keep="\n")
         args.clipped = True
-        hidden, exact = count_hidden(stored.prefix)
+        hidden, exact = count_hidden(prefix)
         # Stored JSON text may write hidden characters as \uXXXX escapes (SQLite keeps ASCII): count those too.
-        hidden += sum(1 for code in _ESCAPE.findall(stored.prefix) if is_hidden(chr(int(code, 16))))
+        hidden += sum(1 for code in _ESCAPE.findall(prefix) if is_hidden(chr(int(code, 16))))
         exact = False
         strings: list[Any] = []
     else:

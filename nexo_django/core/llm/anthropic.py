@@ -205,7 +205,8 @@ def _assistant_blocks(message: Message, layout: Any) -> list[dict[str, Any]]:
         return blocks
     pieces = [item.get("chars") for item in layout if isinstance(item, dict) and item.get("neutral") == "text"]
     # The text is split as the response had it; if it no longer adds up, it goes in one block.
-    exact = all(isinstance(n, int) and n >= 0 for n in pieces) and sum(pieces) == len(text)
+    counts = [n for n in pieces if isinstance(n, int) and n >= 0]
+    exact = len(counts) == len(pieces) and sum(counts) == len(text)
     blocks, at, text_left, calls_left = [], 0, text, iter(calls)
     for item in layout:
         if not isinstance(item, dict):

@@ -124,8 +124,9 @@ def to_wire(messages: list[Message], host: str = "") -> list[dict[str, Any]]:
             calls = message.get("tool_calls") or []
             wire: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
             opaque = opaque_for(message, "openai", host) or {}
-            extras = opaque.get("message") if isinstance(opaque.get("message"), dict) else {}
-            call_extras = opaque.get("tool_calls") if isinstance(opaque.get("tool_calls"), list) else []
+            found_extras, found_calls = opaque.get("message"), opaque.get("tool_calls")
+            extras: dict[str, Any] = found_extras if isinstance(found_extras, dict) else {}
+            call_extras: list[Any] = found_calls if isinstance(found_calls, list) else []
             wire.update({k: v for k, v in extras.items() if k in OPAQUE_MESSAGE_FIELDS})
             if calls:
                 wire["tool_calls"] = []
@@ -198,7 +199,8 @@ def from_wire(data: dict[str, Any], host: str = "") -> Completion:
         content = message["refusal"]
     if content is not None and not isinstance(content, str):
         content = _dumps(content)
-    raw_calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
+    found_calls = message.get("tool_calls")
+    raw_calls: list[Any] = found_calls if isinstance(found_calls, list) else []
     calls = [_call_from_wire(i, raw) for i, raw in enumerate(raw_calls)]
     if finish == "length":
         stops.mark_calls(calls, stops.cut_off_call(reason))
@@ -216,17 +218,17 @@ def from_wire(data: dict[str, Any], host: str = "") -> Completion:
         neutral["stop_reason"] = "refusal"
     elif finish not in (None, "stop", "tool_calls", "function_call"):
         neutral["stop_reason"] = str(finish)
-    extras = {k: message[k] for k in OPAQUE_MESSAGE_FIELDS if message.get(k) is not None}
-    call_extras = [
+    kept = {k: message[k] for k in OPAQUE_MESSAGE_FIELDS if message.get(k) is not None}
+    kept_calls = [
         {k: raw[k] for k in OPAQUE_CALL_FIELDS if isinstance(raw, dict) and raw.get(k) is not None}
         for raw in raw_calls
     ]
-    if extras or any(call_extras):
+    if kept or any(kept_calls):
         opaque: dict[str, Any] = {"provider": "openai", "host": host}
-        if extras:
-            opaque["message"] = extras
-        if any(call_extras):
-            opaque["tool_calls"] = call_extras
+        if kept:
+            opaque["message"] = kept
+        if any(kept_calls):
+            opaque["tool_calls"] = kept_calls
         neutral["opaque"] = opaque
     return Completion(
         message=neutral,
