@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench serve clean venv
+.PHONY: demo test lint typecheck pytest matrix bench serve clean venv
 
 $(STAMP): pyproject.toml
 	@python=$$(scripts/find-python) || exit 1; \
@@ -30,17 +30,37 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+RESULTS := .test-results
+PREPARED_TESTS := tests/durable/test_sql.py tests/durable/test_run_queries.py tests/durable/test_runs.py \
+  tests/durable/test_concurrency.py tests/test_storable.py tests/admin/test_admin_decision.py
+
 # The whole suite on SQLite, then the durable tests again on a PostgreSQL the script starts.
 pytest: $(STAMP)
+	@mkdir -p $(RESULTS)
 	$(PY) -m django makemigrations --check --dry-run --settings=tests.settings nexo_django
-	$(PY) -m coverage run -m pytest $(PYTEST_ARGS)
+	@$(PY) -c "import django, sys; print('main cell: Python', sys.version.split()[0], 'Django', django.__version__)"
+	$(PY) -m coverage run -m pytest --junitxml=$(RESULTS)/sqlite.xml $(PYTEST_ARGS)
 	$(PY) -m coverage report --sort=cover --skip-covered | tail -n 12
-	WITH_POSTGRES_PYTHON=$(PY) scripts/with-postgres $(PY) -m pytest -m durable $(PYTEST_ARGS)
-	# ... and once more with prepared statements (docs/deployment.md): every statement prepared.
+	WITH_POSTGRES_PYTHON=$(PY) scripts/with-postgres $(PY) -m pytest -m durable --junitxml=$(RESULTS)/postgres.xml $(PYTEST_ARGS)
+	# ... and once more with prepared statements (docs/deployment.md): every statement prepared. The
+	# tests of the statements themselves: what preparing can change is how each one is sent.
 	WITH_POSTGRES_PYTHON=$(PY) WITH_POSTGRES_URL_OPTIONS="server_side_binding=true&prepare_threshold=1" \
-	  scripts/with-postgres $(PY) -m pytest -m durable $(PYTEST_ARGS)
+	  scripts/with-postgres $(PY) -m pytest -m durable --junitxml=$(RESULTS)/postgres-prepared.xml \
+	  $(or $(PYTEST_ARGS),$(PREPARED_TESTS))
 
-test: lint typecheck pytest
+# The other cells of the supported matrix (docs/testing.md): the fast SQLite part.
+matrix: $(STAMP)
+	@mkdir -p $(RESULTS)
+	MATRIX_RESULTS=$(RESULTS) scripts/matrix
+
+# Every step runs even if one fails, so the last line is always the total of every test run.
+test: lint typecheck
+	@rm -rf $(RESULTS); mkdir -p $(RESULTS)
+	@status=0; \
+	  $(MAKE) --no-print-directory pytest || status=1; \
+	  $(MAKE) --no-print-directory matrix || status=1; \
+	  echo; echo "every pytest run of make test:"; scripts/total $(RESULTS) || status=1; \
+	  exit $$status
 
 BENCH_STAMP := $(VENV)/.installed-bench
 
@@ -52,4 +72,4 @@ bench: $(BENCH_STAMP)
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-matrix $(RESULTS) .pytest_cache .mypy_cache .ruff_cache

@@ -20,6 +20,7 @@ from django.db.models.query import MAX_GET_RESULTS
 
 from .core.errors import ConfigurationError
 from .display import mark_hidden
+from .storable import StoredJSONField, StoredTextField
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -61,8 +62,10 @@ def canonical_json(value: Any) -> str:
 
 
 def args_digest(args: Any) -> str:
-    """sha256 of the canonical JSON of a call's arguments: what a person sees is what runs."""
-    return hashlib.sha256(canonical_json(args).encode("utf-8")).hexdigest()
+    """sha256 of the canonical JSON of a call's arguments: what a person sees is what runs.
+    The arguments are stored exactly (``storable``), so it is the same after the database's
+    round trip; ``surrogatepass`` gives a lone surrogate a digest of its own."""
+    return hashlib.sha256(canonical_json(args).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class RunStatus(models.TextChoices):
@@ -98,21 +101,21 @@ class Verdict(models.TextChoices):
 class AgentRun(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent = models.CharField(max_length=255, help_text="Dotted path of the Agent class.")
-    prompt = models.TextField()
+    prompt = StoredTextField()
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
-    result = models.TextField(null=True, blank=True)  # noqa: DJ001 - None: no final answer yet
-    error = models.TextField(blank=True, default="")
+    result = StoredTextField(null=True, blank=True)  # noqa: DJ001 - None: no final answer yet
+    error = StoredTextField(blank=True, default="")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="agent_runs"
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    usage = models.JSONField(default=dict, blank=True)
+    usage = StoredJSONField(default=dict, blank=True)
     #: JSON constructor arguments that rebuild the agent in another process (cwd, model, ...).
-    options = models.JSONField(default=dict, blank=True)
+    options = StoredJSONField(default=dict, blank=True)
     #: The virtual sandbox's files between steps (the local sandbox lives on disk).
-    workspace = models.JSONField(null=True, blank=True)
+    workspace = StoredJSONField(null=True, blank=True)
     lease_owner = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 - None: unclaimed
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     #: Bumped at every wake-up; part of the deterministic rq job id.
@@ -174,7 +177,7 @@ class RunMessage(models.Model):
     run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="messages", db_index=False)
     seq = models.PositiveIntegerField()
     role = models.CharField(max_length=16)
-    data = models.JSONField()
+    data = StoredJSONField()
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -253,11 +256,11 @@ class ToolCall(models.Model):
     agent = models.CharField(max_length=255, default="", blank=True)
     name = models.CharField(max_length=200)
     capability = models.CharField(max_length=20)
-    args = models.JSONField(default=dict)
+    args = StoredJSONField(default=dict)
     digest = models.CharField(max_length=64)
     status = models.CharField(max_length=20, choices=CallStatus.choices)
     idempotent = models.BooleanField(default=False)
-    result = models.JSONField(null=True, blank=True)
+    result = StoredJSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -307,8 +310,8 @@ class Decision(models.Model):
 
     tool_call = models.OneToOneField(ToolCall, on_delete=models.CASCADE, related_name="decision")
     verdict = models.CharField(max_length=10, choices=Verdict.choices)
-    note = models.TextField(blank=True, default="")
-    args = models.JSONField(null=True, blank=True, help_text="Edited arguments, if the approver changed them.")
+    note = StoredTextField(blank=True, default="")
+    args = StoredJSONField(null=True, blank=True, help_text="Edited arguments, if the approver changed them.")
     digest = models.CharField(max_length=64, help_text="Digest of the arguments that were decided on.")
     stop = models.BooleanField(default=False)
     decided_by = models.ForeignKey(
@@ -342,7 +345,7 @@ class RunEvent(models.Model):
     # No index of its own: (run, id) below serves every lookup by run.
     run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="events", db_index=False)
     type = models.CharField(max_length=40)
-    data = models.JSONField(default=dict, blank=True)
+    data = StoredJSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -1,4 +1,4 @@
-"""A real MCP server for tests/test_mcp.py, written with the SDK's own server side.
+"""A real MCP server for tests/core/test_mcp.py, written with the SDK's own server side.
 
 Run as ``python tests/mcp_http_server.py --transport http`` (streamable HTTP on a loopback port
 it prints as its first stdout line; every request must carry ``Authorization: Bearer $TOKEN``

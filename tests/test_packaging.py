@@ -136,3 +136,25 @@ def test_ci_installs_without_recommends_and_waits_for_the_dpkg_lock(tmp_path: Pa
     assert "update" in update
     assert "install" in install and "--no-install-recommends" in install and "-y" in install
     assert install.split()[-4:] == ["redis-server", "postgresql-15", "chromium", "chromium-driver"]
+
+
+def test_the_classifiers_list_exactly_the_tested_matrix() -> None:
+    """scripts/matrix's cells plus the main venv (the newest Python and Django) are what the
+    classifiers claim: no more, no fewer."""
+    cells_line = next(
+        line for line in (REPO_ROOT / "scripts" / "matrix").read_text().splitlines()
+        if line.startswith("[ ${#cells[@]} -gt 0 ] || cells=(")
+    )
+    cells = re.findall(r"(\d+\.\d+):(\d+\.\d+)", cells_line)
+    pythons = {py for py, _ in cells}
+    djangos = {dj for _, dj in cells}
+    main = (max(pythons, key=lambda v: tuple(map(int, v.split(".")))),
+            max(djangos, key=lambda v: tuple(map(int, v.split(".")))))
+    tested = set(cells) | {main}
+    assert tested == {(py, dj) for py in pythons for dj in djangos}  # every Django on every Python
+    classifiers = PYPROJECT["project"]["classifiers"]
+    claimed_py = {c.rsplit(" :: ", 1)[1] for c in classifiers if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
+    claimed_dj = {c.rsplit(" :: ", 1)[1] for c in classifiers if re.fullmatch(r"Framework :: Django :: \d+\.\d+", c)}
+    assert claimed_py == pythons
+    assert claimed_dj == djangos
+    assert PYPROJECT["project"]["requires-python"] == f">={min(pythons, key=lambda v: tuple(map(int, v.split('.'))))}"

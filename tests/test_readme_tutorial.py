@@ -27,7 +27,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.test_browser_admin import save
+from tests.admin.test_browser_admin import save
 
 pytestmark = [pytest.mark.browser]
 
@@ -200,6 +200,10 @@ def test_a_new_project_follows_the_readme_to_an_approved_run(
     assert browser.find_element(By.ID, "run-result").text == "Wrote hello.txt."
     save(browser, "tutorial-run-done.png")
     assert (root / "workspace" / "hello.txt").read_text() == "Hello from Scribe.\n"
+
+    # The tutorial's project is clean: no warning the tutorial does not explain.
+    checked = run("python manage.py check", root, clean_env())
+    assert checked.stdout.strip() == "System check identified no issues (0 silenced).", checked.stdout + checked.stderr
 
     # The README's own test of the app passes too.
     tested = run("python manage.py test notes -v 2", root, clean_env())

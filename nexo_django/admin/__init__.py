@@ -220,6 +220,7 @@ class PendingApprovalAdmin(NexoModelAdmin):
     @method_decorator(xframe_options_deny)
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         views.refuse_post_without_permission(self, request)
+        views.refuse_nul_in_query(request)
         response = super().changelist_view(request, extra_context)
         context = getattr(response, "context_data", None) or {}
         cl = context.get("cl")
@@ -321,6 +322,7 @@ class AgentRunAdmin(NexoModelAdmin):
     @method_decorator(xframe_options_deny)
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         views.refuse_post_without_permission(self, request)
+        views.refuse_nul_in_query(request)
         return super().changelist_view(request, {"title": "Agent runs", **(extra_context or {})})
 
     @method_decorator(xframe_options_deny)
@@ -390,4 +392,5 @@ class DecisionAdmin(NexoModelAdmin):
     @method_decorator(xframe_options_deny)
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         views.refuse_post_without_permission(self, request)
+        views.refuse_nul_in_query(request)
         return super().changelist_view(request, extra_context)

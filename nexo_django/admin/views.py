@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from typing import Any, TypeAlias
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin import helpers
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import BadRequest, PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -58,8 +58,8 @@ from .loading import (
 
 #: the inbox's and the run page's admins (``nexo_django.admin``), which import this module:
 #: named by their base here, with the hooks of their own reached as ``Any``
-PendingApprovalAdmin: TypeAlias = Any
-AgentRunAdmin: TypeAlias = Any
+type PendingApprovalAdmin = Any
+type AgentRunAdmin = Any
 
 STATUS_WORDS: dict[str, str] = {
     RunStatus.QUEUED: "is queued: a worker will continue it",
@@ -77,6 +77,14 @@ def refuse_post_without_permission(model_admin: NexoModelAdmin, request: HttpReq
     with 403 rather than quietly ignored."""
     if request.method == "POST" and not model_admin.has_decide_permission(request):
         raise PermissionDenied
+
+
+def refuse_nul_in_query(request: HttpRequest) -> None:
+    """A NUL in the query string (a list filter, a search) is a 400: no database column holds one
+    (PostgreSQL refuses it in any text value), so the filter could never match."""
+    for key, values in request.GET.lists():
+        if "\x00" in key or any("\x00" in value for value in values):
+            raise BadRequest(f"the query parameter {key!r} holds a NUL character; remove it")
 
 
 def _changelist_url(model_admin: Any) -> str:

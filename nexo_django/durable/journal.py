@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, DataError, IntegrityError, connection
 from django.utils import timezone
 
 from ..conf import nexo_settings
@@ -34,6 +34,7 @@ from ..models import (
     ToolCall,
     args_digest,
 )
+from ..storable import UnstorableValue, refuse_call_ids
 from . import sql
 
 if TYPE_CHECKING:
@@ -153,7 +154,10 @@ def crash_point(name: str) -> None:
 
 
 def capped(value: Any, limit: int) -> Any:
-    text = json.dumps(value, default=str, ensure_ascii=False)
+    try:
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    except (RecursionError, ValueError):  # nested past what json can write: the event says so
+        return {"truncated": True, "preview": "(nested too deeply to show)"}
     if len(text) <= limit:
         return value
     return {"truncated": True, "preview": text[:limit]}
@@ -179,12 +183,15 @@ class DbJournal(Journal):
         self.agent = agent
         self.next_seq = len(messages)
         self.event_limit = int(nexo_settings.EVENT_MAX_CHARS)
+        self.call_id_limit = int(ToolCall._meta.get_field("tool_call_id").max_length or 0)
         self.lease = timedelta(seconds=int(nexo_settings.LEASE_SECONDS))
         #: buffered rows: (seq, role, data) and (type, data)
         self._messages: list[tuple[int, str, Message]] = []
         self._events: list[tuple[str, Any]] = []
         self._start = start
         self._started = started
+        #: messages that came with the run (stored with it when it is inserted)
+        self._initial = len(messages) if start == "insert" else 0
         if start == "insert":
             self._messages = [(i, m.get("role", ""), m) for i, m in enumerate(messages)]
             self.emit("created", {"agent": run.agent, "later": False})
@@ -199,6 +206,10 @@ class DbJournal(Journal):
     # --- buffering ---------------------------------------------------------------------------
 
     def append(self, message: Message) -> None:
+        if message.get("role") == "assistant":
+            # At the edge: an id the database cannot keep fails the run before anything of it
+            # is written (the model is not asked again).
+            refuse_call_ids(message, self.call_id_limit)
         super().append(message)
         self._messages.append((self.next_seq, message.get("role", ""), message))
         self.next_seq += 1
@@ -251,9 +262,15 @@ class DbJournal(Journal):
         return batch
 
     def _write(self, batch: sql.Batch, values: dict[str, Any]) -> bool:
-        """Commit ``batch``; False if its gate did not match (nothing written: not ours)."""
-        if not batch.run():
-            return False
+        """Commit ``batch``; False if its gate did not match (nothing written: not ours).
+        ``UnstorableValue`` if the database refused what it holds (nothing written either)."""
+        try:
+            if not batch.run():
+                return False
+        except (DataError, IntegrityError, UnicodeError) as exc:
+            # The data, not the connection: a retry would be refused again (and ask the model
+            # again first). The run fails once, with the cause (see drop_unsaved).
+            raise UnstorableValue(f"the database refused this run's latest writes: {exc}"[:2000]) from exc
         if self._start != "insert":  # an inserted run was given its values before (auto_now too)
             self._mirror(values)
         self._messages, self._events, self._reply_unsaved = [], [], False
@@ -281,6 +298,19 @@ class DbJournal(Journal):
             return {}
         spec = workspace.spec()
         return {} if spec == self.run.workspace else {"workspace": spec}
+
+    def drop_unsaved(self) -> None:
+        """Forget what is buffered but was refused: every message but those that came with an
+        inserted run (its prompt), and the buffered events. The run is then closed as failed."""
+        self._messages = [m for m in self._messages if m[0] < self._initial]
+        self._events = []
+        self._reply_unsaved = False
+        self._reset, self.new_pending = [], []
+
+    def forget_all(self) -> None:
+        """:meth:`drop_unsaved`, the messages of an inserted run included."""
+        self._initial = 0
+        self.drop_unsaved()
 
     def _held(self) -> dict[str, Any]:
         """The lease fence: the compare-and-set every write of a held run goes through."""

@@ -53,12 +53,15 @@ BATCH = 500
 
 
 def reconcile(
-    *, now: datetime | None = None, stale_after: float | None = None, full: bool = False
+    *, now: datetime | None = None, stale_after: float | None = None, full: bool = False,
+    log_warnings: bool = True,
 ) -> Report:
     """Recover runs whose worker died (expired lease), whose job will never claim them (queued,
     and their job is not waiting in Redis: lost, taken by a killed worker, failed), or that were
     left suspended with nothing pending. A round reads only the runs that may need it (indexed),
-    so its cost does not grow with the number of suspended or finished runs."""
+    so its cost does not grow with the number of suspended or finished runs. Warnings are in
+    ``Report.warnings`` and, unless ``log_warnings=False`` (a caller that shows them itself, such as
+    ``manage.py nexo_reconcile``), logged to ``nexo_django.recovery``."""
     now = now or timezone.now()
     report = Report()
     expired = AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).order_by()
@@ -67,7 +70,7 @@ def reconcile(
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
     _resend_lost_jobs(now - grace, report)
     _wake_forgotten(None if full else now - max(RECENT, 10 * grace), report)
-    _warn_if_nobody_listens(report, now)
+    _warn_if_nobody_listens(report, now, log_warnings)
     if report.requeued or report.needs_attention or report.failed or report.resent:
         log.info("reconcile: %s", report)
     return report
@@ -186,9 +189,9 @@ def _recover_expired(run: AgentRun, now: datetime, report: Report) -> None:
             report.requeued.append(str(run.pk))
 
 
-def _warn_if_nobody_listens(report: Report, now: datetime) -> None:
-
+def _warn_if_nobody_listens(report: Report, now: datetime, log_warnings: bool) -> None:
     warning = queue_warning(now=now)
     if warning is not None:
         report.warnings.append(str(warning))
-        log.warning("reconcile: %s", warning)
+        if log_warnings:
+            log.warning("reconcile: %s", warning)

@@ -14,8 +14,6 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.contrib.auth.base_user import AbstractBaseUser
-from django.contrib.auth.models import AnonymousUser
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
@@ -51,6 +49,7 @@ from ..models import (
     args_digest,
 )
 from ..signals import approval_decided, approval_requested, run_status_changed
+from ..storable import UnstorableValue
 from . import dispatch, sql
 from .journal import DbJournal, Heartbeat
 
@@ -74,6 +73,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 AGENT_OPTIONS = ("cwd", "permissions", "sandbox", "model")
+#: The key of ``AgentRun.options`` that pins a local workspace (see :func:`check_workspace`).
+WORKSPACE_PIN = "_workspace"
 
 #: Constructor arguments that are not JSON, kept for runs started in this process only.
 _LIVE_OPTIONS: dict[str, dict[str, Any]] = {}
@@ -126,6 +127,11 @@ def _is_json(value: Any) -> bool:
 
 
 def _check_user(cls: type[Agent], method: str, user: Any) -> None:
+    # Here, not at the top: django.contrib.auth is optional (its models load only when the project
+    # installs it), and this module loads with the app whether or not it does.
+    from django.contrib.auth.base_user import AbstractBaseUser
+    from django.contrib.auth.models import AnonymousUser
+
     if user is not None and not isinstance(user, (AbstractBaseUser, AnonymousUser)):
         raise TypeError(
             f"{cls.__name__}.{method}(user={user!r}): user must be a user object such as "
@@ -175,6 +181,10 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
         agent = cls(**options, **live)
     except ConfigurationError as exc:
         raise ConfigurationError(f"{cls.__name__}.{method}(...): {exc}") from exc
+    if agent.workspace.kind == "local":
+        # Pinned now: a resume hours later acts in this folder or not at all (a link in front of
+        # it may be flipped meanwhile; see check_workspace).
+        options[WORKSPACE_PIN] = agent.workspace.identity()  # type: ignore[attr-defined]
     run = AgentRun(
         agent=cls.path(), prompt=prompt, status=RunStatus.QUEUED, created_by=_user(user),
         options={**options, "_live": sorted(live)} if live else options, generation=1,
@@ -209,7 +219,7 @@ def build_agent(run: AgentRun) -> Agent:
         cls = import_string(run.agent)
     except ImportError as exc:
         raise ConfigurationError(f"run {run.pk}: cannot import agent {run.agent!r}: {exc}") from exc
-    options = {k: v for k, v in run.options.items() if k != "_live"}
+    options = {k: v for k, v in run.options.items() if not k.startswith("_")}  # "_live", WORKSPACE_PIN
     live = _LIVE_OPTIONS.get(str(run.pk), {})
     missing = [k for k in run.options.get("_live", []) if k not in live]
     if missing:
@@ -221,7 +231,28 @@ def build_agent(run: AgentRun) -> Agent:
     if run.workspace is not None and "sandbox" not in live:
         options["sandbox"] = from_spec(run.workspace)
     agent: Agent = cls(**options)
+    check_workspace(run, agent)
     return agent
+
+
+def check_workspace(run: AgentRun, agent: Agent) -> None:
+    """Refuse (``SecurityError``) to act for ``run`` in a workspace other than the one it started
+    in: its real path and its identity (``st_dev``/``st_ino``) as pinned by :func:`start_run`. A
+    link in front of the folder flipped while a call waited, or the folder replaced by another of
+    the same name, would make an approved call act where the person never looked."""
+    pin = run.options.get(WORKSPACE_PIN)
+    if pin is None:
+        return  # a virtual sandbox, or a run started before workspaces were pinned
+    workspace = agent.workspace
+    now = workspace.identity() if workspace.kind == "local" else None  # type: ignore[attr-defined]
+    if now != pin:
+        where = "a sandbox that is not a folder" if now is None else f"{now['root']} (device {now['dev']}, inode {now['ino']})"
+        agent.close()
+        raise SecurityError(
+            f"run {run.pk} started in the workspace {pin['root']} (device {pin['dev']}, inode {pin['ino']}); "
+            f"its cwd now leads to {where}. Refusing to act in a different workspace: cancel the run "
+            "and start a new one where you mean it to act."
+        )
 
 
 # --- executing -----------------------------------------------------------------------------------
@@ -264,11 +295,12 @@ def _drive(
         raise
     except Exception as exc:  # the run records why it failed; the worker stays healthy
         message = f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, (SecurityError, ConfigurationError, MaxTurnsExceeded, ModelError)):
+        if not isinstance(exc, (SecurityError, ConfigurationError, MaxTurnsExceeded, ModelError, UnstorableValue)):
             log.exception("run %s failed", run_id)
         if journal is not None:
-            journal.emit("failed", {"error": message})
-            if not journal.close(RunStatus.FAILED, error=message):
+            if isinstance(exc, UnstorableValue):
+                journal.drop_unsaved()  # what the database refused is not written again
+            if not _close_failed(journal, message):
                 return "lease lost"
         elif start == "insert":
             run.status, run.error, run.lease_owner, run.finished_at = RunStatus.FAILED, message, None, timezone.now()
@@ -276,6 +308,8 @@ def _drive(
         elif AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
             status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()
         ):  # the agent could not be rebuilt: nothing was claimed yet
+            if isinstance(exc, SecurityError):  # audited, as a security error of a call is
+                _event(run_id, "security", error=message)
             _status_changed(run_id, RunStatus.QUEUED, RunStatus.FAILED)
             return "failed"
         else:
@@ -288,7 +322,15 @@ def _drive(
         new, fields = RunStatus.CANCELLED, {"error": "stopped by the approver"}
     else:
         new, fields = RunStatus.SUSPENDED, {}
-    if not journal.close(new, **fields):
+    try:
+        closed = journal.close(new, **fields)
+    except UnstorableValue as exc:  # the turn's last writes were refused: the run fails with why
+        journal.drop_unsaved()
+        if not _close_failed(journal, f"{type(exc).__name__}: {exc}"):
+            return "lease lost"
+        _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
+        return "failed"
+    if not closed:
         return "lease lost"
     _status_changed(run_id, RunStatus.RUNNING, new)
     if new == RunStatus.SUSPENDED:
@@ -297,6 +339,20 @@ def _drive(
     else:
         _LIVE_OPTIONS.pop(str(run_id), None)
     return str(new)
+
+
+def _close_failed(journal: DbJournal, message: str) -> bool:
+    """Close the run as failed with ``message``. Should even that be refused (what came with an
+    inserted run), it is closed with nothing but its status and error: the run never stays
+    ``running`` on data the database refuses, and the model is not asked again."""
+    journal.emit("failed", {"error": message})
+    try:
+        return journal.close(RunStatus.FAILED, error=message)
+    except UnstorableValue as exc:
+        journal.forget_all()
+        message = f"{message}; and then: {exc}"
+        journal.emit("failed", {"error": message})
+        return journal.close(RunStatus.FAILED, error=message)
 
 
 def _send_requested(calls: list[ToolCall], run: AgentRun) -> None:
@@ -316,7 +372,10 @@ def check_edited_args(run: AgentRun, call: ToolCall, args: Any) -> None:
         if not isinstance(args, dict):
             raise InvalidEditedArguments("edited arguments must be a JSON object")
         return
-    agent = build_agent(run)
+    try:
+        agent = build_agent(run)
+    except SecurityError as exc:
+        raise InvalidEditedArguments(f"edited arguments refused: {exc}") from exc
     tool = agent.local_tools().get(call.name)
     if tool is None:
         raise InvalidEditedArguments(f"the agent has no tool {call.name!r} any more")
@@ -357,6 +416,9 @@ def decide(
     if digest is not None:
         match["digest"] = digest
     batch = sql.Batch()
+    # The run's lock before the call's: a cancel, a worker and the reconciler lock the run first;
+    # a decision taking the call first deadlocked against a cancel on PostgreSQL.
+    batch.lock_first(AgentRun, call.run_id)
     batch.gate(ToolCall, match, {"status": status, "updated_at": now})
     decision = Decision(
         tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
@@ -442,6 +504,8 @@ def decide_all(run: AgentRun, *, approved: bool, by: Any = None, note: str = "")
 
 def cancel_run(run: AgentRun, *, by: Any = None, reason: str = "") -> bool:
     with transaction.atomic():
+        # The run first (its compare-and-set below), then its calls: the order of every writer
+        # of a run and its calls (a decision locks the run before its call: Batch.lock_first).
         for old in (RunStatus.SUSPENDED, RunStatus.QUEUED, RunStatus.NEEDS_ATTENTION, RunStatus.RUNNING):
             if transition(run, old, RunStatus.CANCELLED, lease_owner=None, finished_at=timezone.now(),
                           error=reason or "cancelled"):

@@ -13,7 +13,7 @@ the row count checked by the caller, the lease fence is part of the same ``WHERE
 The rows are the ORM's: values go in through the fields' own ``get_db_prep_save`` /
 ``get_db_prep_value`` (JSON with the field's encoder, datetimes, UUIDs as the backend stores
 them) and come back through the converters the ORM applies (``ops.get_db_converters`` and the
-field's ``from_db_value``). ``tests/test_sql.py`` reads back through the ORM what is written here.
+field's ``from_db_value``). ``tests/durable/test_sql.py`` reads back through the ORM what is written here.
 
 On PostgreSQL, :class:`Batch` sends each write transaction of the hot path as one statement (a
 data-modifying ``WITH``: the compare-and-set first, every other write conditioned on it), so a
@@ -25,7 +25,6 @@ The ORM stays for the admin and rare paths, and for :func:`create` whenever a ``
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -40,6 +39,15 @@ from django.db.models.expressions import Col
 from django.db.models.signals import post_save, pre_save
 
 from ..models import AgentRun, Decision, RunMessage, ToolCall
+from ..storable import (
+    StoredJSONDecoder,
+    StoredJSONEncoder,
+    StoredJSONField,
+    StoredTextField,
+    dumps,
+    escape_text,
+    loads,
+)
 
 #: built statements: (vendor, what, model, ...) -> (sql, fields)
 _statements: dict[tuple[Any, ...], tuple[str, tuple[Field[Any, Any], ...]]] = {}
@@ -124,6 +132,8 @@ def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], 
     kind = type(field)
     if kind in (models.CharField, models.TextField):
         return lambda v, conn: v if type(v) is str else slow(v, conn)
+    if kind is StoredTextField:  # its get_prep_value: the text as stored (storable.escape_text)
+        return lambda v, conn: escape_text(v) if type(v) is str else slow(v, conn)
     if kind is models.BooleanField:
         return lambda v, conn: v if type(v) is bool else slow(v, conn)
     if kind is models.DateTimeField:
@@ -136,7 +146,16 @@ def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], 
             return slow(v, conn)
 
         return datetime_saver
-    if kind is models.JSONField:
+    if kind is StoredJSONField and field.encoder is StoredJSONEncoder:  # type: ignore[attr-defined]
+        # On SQLite adapt_json_value(v, encoder) is json.dumps(v, cls=encoder): the codec's text,
+        # without building an encoder per value. Elsewhere the backend's own (psycopg's Jsonb).
+        def stored_json_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
+            if type(v) not in (dict, list):
+                return slow(v, conn)
+            return dumps(v) if conn.vendor == "sqlite" else conn.ops.adapt_json_value(v, StoredJSONEncoder)
+
+        return stored_json_saver
+    if kind in (models.JSONField, StoredJSONField):
         encoder = field.encoder  # type: ignore[attr-defined]
         return lambda v, conn: conn.ops.adapt_json_value(v, encoder) if type(v) in (dict, list) else slow(v, conn)
     target = field.target_field if kind is models.ForeignKey else field  # type: ignore[attr-defined]
@@ -420,7 +439,7 @@ def run_and_messages(run_id: Any, status: str) -> tuple[AgentRun | None, list[An
     statement (the messages as one JSON array), elsewhere two."""
     alias, conn = _db(AgentRun, write=False)
     data = _field(RunMessage, "data")
-    if conn.vendor != "postgresql" or data.decoder is not None:  # type: ignore[attr-defined]
+    if conn.vendor != "postgresql" or data.decoder not in (None, StoredJSONDecoder):  # type: ignore[attr-defined]
         run = get(AgentRun, id=run_id, status=status)
         return run, ([] if run is None else values(RunMessage, "data", "seq", run_id=run.pk))
     key = (conn.vendor, "run_and_messages")
@@ -441,7 +460,7 @@ def run_and_messages(run_id: Any, status: str) -> tuple[AgentRun | None, list[An
     if not rows:
         return None, []
     run = AgentRun.from_db(alias, None, _convert(conn, _reader(conn, AgentRun), rows[0][:-1]))  # type: ignore[arg-type]
-    return run, json.loads(rows[0][-1])
+    return run, loads(rows[0][-1])  # the field's decoding (storable), for the array at once
 
 
 def calls_with_decisions(run_id: Any, call_ids: Sequence[str]) -> list[ToolCall]:
@@ -520,6 +539,15 @@ class Batch:
         self.counts: list[int] = []
         #: the new generation of the run each :meth:`requeue` step woke, by step
         self.generations: dict[int, int] = {}
+        #: (model, pk) of the row :meth:`lock_first` locks before the gate
+        self._lock: tuple[type[Model], Any] | None = None
+
+    def lock_first(self, model: type[Model], pk: Any) -> None:
+        """Lock that row before the gate (``SELECT ... FOR NO KEY UPDATE`` where the database has
+        row locks): for a batch whose gate is a call but which also writes its run, so that it
+        takes the run's lock first, as every other writer of a run and its calls does (a worker's
+        fenced write, a cancel, the reconciler). Two orders deadlocked on PostgreSQL."""
+        self._lock = (model, pk)
 
     # The steps. Each returns its index in ``counts``.
 
@@ -573,7 +601,7 @@ class Batch:
         # hold for the caller's writes too.
         no_wait = not self.durable and self.conn.get_autocommit() and not self.conn.in_atomic_block
         if self._combined:
-            params: list[Any] = []
+            params = [] if self._lock is None else [_pk(self._lock[0]).get_db_prep_value(self._lock[1], self.conn)]
             for step in self._steps:
                 params += _step_params(self.conn, step)
             if len(params) <= COMBINED_MAX_PARAMS:
@@ -585,6 +613,9 @@ class Batch:
         with atomic(conn, self.alias, wait=not no_wait), conn.cursor() as cursor:
             conn._nexo_cursor = cursor  # type: ignore[attr-defined]
             try:
+                if self._lock is not None and conn.features.has_select_for_update:
+                    model, pk = self._lock
+                    _execute(conn, _lock_sql(conn, model), [_pk(model).get_db_prep_value(pk, conn)], fetch=True)
                 for i, step in enumerate(self._steps):
                     self.counts.append(self._run_step(i, step))
                     if i == 0 and not self.counts[0]:
@@ -613,10 +644,11 @@ class Batch:
 
     def _run_combined(self, params: list[Any], no_wait: bool) -> bool:
         conn = self.conn
-        key = (conn.vendor, "batch", no_wait, tuple(_shape(step) for step in self._steps))
+        lock = None if self._lock is None else self._lock[0]
+        key = (conn.vendor, "batch", no_wait, lock, tuple(_shape(step) for step in self._steps))
         built = _statements.get(key)
         if built is None:
-            built = (_combined_sql(conn, self._steps, no_wait), ())
+            built = (_combined_sql(conn, self._steps, no_wait, lock), ())
             if len(_batch_shapes) < MAX_BATCH_SHAPES:  # rows per step vary: keep the cache bounded
                 _batch_shapes.add(key)
                 _statements[key] = built
@@ -695,16 +727,29 @@ def _cast_type(conn: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
     return db_type.split("(", 1)[0] if db_type.startswith("varchar(") else db_type
 
 
-def _combined_sql(conn: BaseDatabaseWrapper, steps: list[tuple[Any, ...]], no_wait: bool = False) -> str:
+def _lock_sql(conn: BaseDatabaseWrapper, model: type[Model]) -> str:
+    strength = "NO KEY UPDATE" if conn.features.has_select_for_no_key_update else "UPDATE"
+    return f"SELECT 1 FROM {_table(conn, model)} WHERE {_column(conn, model, _pk(model))} = %s FOR {strength}"
+
+
+def _combined_sql(
+    conn: BaseDatabaseWrapper, steps: list[tuple[Any, ...]], no_wait: bool = False, lock: type[Model] | None = None,
+) -> str:
     """``WITH s0 AS (gate RETURNING 1), s1 AS (... WHERE EXISTS (SELECT 1 FROM s0) RETURNING ...)
     SELECT (SELECT count(*) FROM s0), ..., ARRAY(SELECT pk FROM sN)``. ``no_wait`` adds a last
     column, ``set_config('synchronous_commit', 'off', true)``: sent in autocommit the statement
-    is its transaction, so the setting holds for its commit alone (``SET LOCAL``)."""
+    is its transaction, so the setting holds for its commit alone (``SET LOCAL``). With ``lock``
+    (:meth:`Batch.lock_first`) a first ``l AS (SELECT 1 ... FOR NO KEY UPDATE)`` that the gate's
+    ``WHERE`` needs (an uncorrelated ``EXISTS``: evaluated once, before the gate locks its row)."""
     q = conn.ops.quote_name
     parts, counts, keys = [], [], []
+    if lock is not None:
+        parts.append(f"l AS ({_lock_sql(conn, lock)})")
     for i, step in enumerate(steps):
         kind = step[0]
         guard = "" if i == 0 else " AND EXISTS (SELECT 1 FROM s0)"
+        if i == 0 and lock is not None:
+            guard = " AND EXISTS (SELECT 1 FROM l)"
         returning = "1"
         if kind == "update":
             model, where, values = step[1:]

@@ -275,6 +275,11 @@ class LocalSandbox(Sandbox):
     def spec(self) -> dict[str, Any]:
         return {"kind": "local", "root": self.root, "protected": list(self.protected)}
 
+    def identity(self) -> dict[str, Any]:
+        """The root's real path and identity (``st_dev``, ``st_ino``), as resolved at construction:
+        a durable run pins them when it starts and refuses to act in another workspace."""
+        return {"root": self.root, "dev": self._root_id[0], "ino": self._root_id[1]}
+
 
 class _Stop(Exception):
     pass

@@ -25,7 +25,8 @@ class Command(BaseCommand):
         rounds = 0
         while True:
             try:
-                report = reconcile(full=full)
+                # Its warnings are written below, once: not logged by reconcile() as well.
+                report = reconcile(full=full, log_warnings=False)
             except DatabaseError as exc:
                 if not every:
                     raise

@@ -15,8 +15,7 @@ from django.utils import timezone
 
 from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
-from tests.durable_agents import Bumper, Scribe, count
-from tests.test_admin_support import (
+from tests.admin.support import (
     RUNS,
     approver,
     client_for,
@@ -26,6 +25,7 @@ from tests.test_admin_support import (
     run_url,
     viewer,
 )
+from tests.durable_agents import Bumper, Scribe, count
 
 # Decisions and searches behave the same on PostgreSQL: `make test` runs these there too.
 pytestmark = [pytest.mark.durable]

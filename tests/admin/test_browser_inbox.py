@@ -17,9 +17,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 from nexo_django import Agent
 from nexo_django.models import RunStatus
 from nexo_django.testing import ScriptedModel, reply, tool_call
+from tests.admin.support import INBOX, make_user
+from tests.admin.test_browser_admin import log_in, save
 from tests.durable_agents import ParallelScribe
-from tests.test_admin_support import INBOX, make_user
-from tests.test_browser_admin import log_in, save
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

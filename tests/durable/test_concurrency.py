@@ -115,3 +115,50 @@ def test_scripted_a_decision_whose_batch_saw_the_other_call_pending_looks_again(
     assert fresh.status == RunStatus.DONE, fresh.status
     assert fresh.generation == 2  # woken once, by A's second look
     assert (tmp_path / "a.txt").read_text() == "A" and (tmp_path / "b.txt").read_text() == "B"
+
+
+RACES = 48
+
+
+def test_scripted_approve_racing_cancel_never_escapes_a_database_error(counter: Path) -> None:
+    """Approve and cancel of the same run, released together, many times (on PostgreSQL this was
+    "deadlock detected" in 8 of 96 races: the decision locked the call then the run, the cancel
+    the run then the call). Each ends with one winner and nothing else raised."""
+    from nexo_django.core.errors import TransitionError
+
+    unexpected: list[str] = []
+    for _ in range(RACES):
+        run = Bumper.run("bump")
+        call_pk = run.pending_calls()[0].pk
+        barrier = threading.Barrier(2)
+        got: list[str] = ["", ""]
+
+        def act(
+            i: int, run: AgentRun = run, call_pk: int = call_pk, got: list[str] = got,
+            barrier: threading.Barrier = barrier,
+        ) -> None:
+            try:
+                barrier.wait(timeout=10)
+                if i == 0:
+                    ToolCall.objects.get(pk=call_pk).approve(note="race")
+                    got[i] = "approved"
+                else:
+                    got[i] = "cancelled" if AgentRun.objects.get(pk=run.pk).cancel(reason="race") else "too late"
+            except (AlreadyDecided, TransitionError):
+                got[i] = "lost"
+            except Exception as exc:  # what the race must never produce
+                got[i] = f"{type(exc).__name__}: {exc}"
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=act, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+        unexpected += [f"{i}: {g}" for i, g in enumerate(got) if g not in ("approved", "cancelled", "too late", "lost")]
+        fresh = AgentRun.objects.get(pk=run.pk)
+        assert fresh.status in (RunStatus.DONE, RunStatus.CANCELLED), (got, fresh.status, fresh.error)
+        assert not ToolCall.objects.filter(pk=call_pk, status="pending_approval").exists()
+    assert unexpected == []

@@ -18,13 +18,13 @@ from selenium.webdriver.support.ui import WebDriverWait
 from nexo_django import Agent
 from nexo_django.models import AgentRun, RunStatus
 from nexo_django.testing import ScriptedModel, reply, tool_call
+from tests.admin.support import INBOX, make_user
 from tests.durable_agents import ParallelScribe
-from tests.test_admin_support import INBOX, make_user
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-DOC_IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+DOC_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "img"
 WAIT = 15
 
 RELEASE_NOTES = "# Release 1.4\n\n- Faster exports\n- Fixed\u200b the login redirect\n"

@@ -1,6 +1,6 @@
 """The guard's decisions on their own: addresses, host spellings, the allow-list and URLs.
 
-No socket is opened here; tests/test_fetch.py attacks the same checks over loopback.
+No socket is opened here; tests/core/test_fetch.py attacks the same checks over loopback.
 """
 
 from __future__ import annotations

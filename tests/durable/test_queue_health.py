@@ -4,6 +4,7 @@ so (real Redis, real rq worker processes, scripted models)."""
 from __future__ import annotations
 
 import io
+import logging
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -70,7 +71,7 @@ def test_workers_listening_with_redis_down_is_a_connection_error(settings: Any) 
 
 @pytest.mark.redis
 def test_the_reconciler_warns_when_queued_runs_age_on_a_queue_nobody_listens_on(
-    wrong_queue_worker: Any, redis_queue_settings: Any, tmp_path: Path
+    wrong_queue_worker: Any, redis_queue_settings: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     run = Scribe.run_later("write hi", cwd=tmp_path)
     assert reconcile().warnings == []  # just queued: not waiting yet
@@ -82,9 +83,14 @@ def test_the_reconciler_warns_when_queued_runs_age_on_a_queue_nobody_listens_on(
     assert AgentRun.objects.get(pk=run.pk).status == RunStatus.QUEUED
 
     out, err = io.StringIO(), io.StringIO()
-    call_command("nexo_reconcile", stdout=out, stderr=err)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="nexo_django.recovery"):
+        call_command("nexo_reconcile", stdout=out, stderr=err)
     assert "requeued=0" in out.getvalue()
+    # Once: written by the command, not also logged (with no logging configured, both reach stderr).
+    assert err.getvalue().count("1 run(s) have waited in queue 'nexo_test'") == 1
     assert "warning: 1 run(s) have waited in queue 'nexo_test'" in err.getvalue()
+    assert [r for r in caplog.records if "have waited in queue" in r.getMessage()] == []
 
 
 @pytest.mark.redis

@@ -30,7 +30,7 @@ from nexo_django.core.mcp import MCPManager, MCPServer, MCPTool
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.servers import descendants, pid_alive
 
-SERVER_SCRIPT = str(Path(__file__).with_name("mcp_http_server.py"))
+SERVER_SCRIPT = str(Path(__file__).resolve().parents[1] / "mcp_http_server.py")
 TOKEN_ENV = "NEXO_TEST_MCP_TOKEN"
 
 TIME = MCPServer.stdio("time", sys.executable, ["-m", "mcp_server_time"])

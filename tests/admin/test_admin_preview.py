@@ -11,8 +11,8 @@ from nexo_django.admin import previews as admin_preview
 from nexo_django.admin.previews import call_preview, write_diff
 from nexo_django.core.sandboxes import VirtualSandbox
 from nexo_django.core.sandboxes.local import LocalSandbox
+from tests.admin.support import INBOX, make_user
 from tests.durable_agents import Scribe
-from tests.test_admin_support import INBOX, make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
@@ -134,7 +134,7 @@ def test_an_8_gib_sparse_file_makes_a_small_diff(tmp_path: Path) -> None:
 
 
 def test_the_decision_page_says_same_bytes_only_when_every_byte_was_compared(tmp_path: Path) -> None:
-    from tests.test_admin_support import approver, client_for, decision_url
+    from tests.admin.support import approver, client_for, decision_url
 
     (tmp_path / "notes.txt").write_bytes(b"hi\r\n")
     run = Scribe.run("write hi", cwd=tmp_path)  # proposes "hi"

@@ -10,8 +10,7 @@ import pytest
 
 from nexo_django.display import json_for_editor
 from nexo_django.models import CallStatus, Decision, RunEvent, RunStatus, ToolCall, args_digest
-from tests.durable_agents import ParallelScribe, Scribe
-from tests.test_admin_support import (
+from tests.admin.support import (
     INBOX,
     approver,
     client_for,
@@ -20,6 +19,7 @@ from tests.test_admin_support import (
     page_digest,
     viewer,
 )
+from tests.durable_agents import ParallelScribe, Scribe
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
@@ -133,7 +133,7 @@ def test_staff_without_permission_gets_403_and_nothing_changes(scribe_call: Tool
 
 
 def test_plain_staff_see_the_call_but_cannot_decide(scribe_call: ToolCall) -> None:
-    from tests.test_admin_support import make_user
+    from tests.admin.support import make_user
 
     client = client_for(make_user("plain"))
     page = client.get(decision_url(scribe_call))

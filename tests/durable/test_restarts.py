@@ -24,7 +24,7 @@ from tests.servers import PostgresServer, ServerUnavailable, free_port, wait_unt
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 WAIT = 30.0
 
 

@@ -149,7 +149,7 @@ def test_scripted_failing_backend_gives_an_error_and_the_loop_finishes() -> None
 
 
 def test_scripted_backend_from_settings_dotted_path(settings: Any) -> None:
-    settings.NEXO = {"SEARCH_BACKEND": "tests.test_search.settings_backend", "LIMITS": {"search_max_results": 4}}
+    settings.NEXO = {"SEARCH_BACKEND": "tests.core.test_search.settings_backend", "LIMITS": {"search_max_results": 4}}
     CALLS.clear()
     model = ScriptedModel([tool_call("search", query="nexo"), reply("found")])
     answer = NoBackend(model=model).prompt("find")

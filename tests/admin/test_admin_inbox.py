@@ -14,8 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
-from tests.durable_agents import ParallelScribe, Scribe
-from tests.test_admin_support import (
+from tests.admin.support import (
     INBOX,
     approver,
     client_for,
@@ -24,6 +23,7 @@ from tests.test_admin_support import (
     pending_rows,
     viewer,
 )
+from tests.durable_agents import ParallelScribe, Scribe
 
 # Decisions and searches behave the same on PostgreSQL: `make test` runs these there too.
 pytestmark = [pytest.mark.durable]

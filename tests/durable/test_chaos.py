@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(420)

@@ -431,3 +431,80 @@ def test_the_run_object_run_returns_is_its_row_without_reading_it_back(agent: ty
     fields = [f.attname for f in AgentRun._meta.concrete_fields]
     assert {f: getattr(run, f) for f in fields} == {f: getattr(stored, f) for f in fields}
     assert not run._state.adding and run._state.db == "default"
+
+
+# --- the workspace a run started in (pinned) -------------------------------------------------------
+
+
+def _flip(link: Path, target: Path) -> None:
+    """Point ``link`` at ``target`` in one rename, as a deploy script flips a "current" link."""
+    new = link.with_name(link.name + ".new")
+    new.symlink_to(target)
+    new.replace(link)
+
+
+@pytest.mark.parametrize("how", ["run", "run_later"])
+def test_scripted_approved_write_refuses_a_workspace_link_flipped_while_it_waited(how: str, tmp_path: Path) -> None:
+    staging, production = tmp_path / "staging", tmp_path / "production"
+    staging.mkdir()
+    production.mkdir()
+    (production / "keep.txt").write_text("production data")
+    link = tmp_path / "current"
+    link.symlink_to(staging)
+    start = Scribe.run if how == "run" else Scribe.run_later
+    run = start("write hi", cwd=link)
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED, run.error
+    _flip(link, production)
+    run.pending_calls().get().approve()
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "SecurityError" in run.error and str(staging) in run.error and str(production) in run.error
+    assert sorted(p.name for p in production.iterdir()) == ["keep.txt"]  # nothing landed there
+    assert not (staging / "notes.txt").exists()
+    assert run.events.filter(type="security").count() == 1  # audited
+    assert (run.lease_owner, run.lease_expires_at) == (None, None)
+
+
+def test_scripted_approved_write_refuses_a_workspace_folder_replaced_under_its_name(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    run = Scribe.run("write hi", cwd=ws)
+    ws.rename(tmp_path / "old-ws")
+    ws.mkdir()  # same path, another directory (another inode)
+    run.pending_calls().get().approve()
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED and "SecurityError" in run.error
+    assert list(ws.iterdir()) == [] and list((tmp_path / "old-ws").iterdir()) == []
+
+
+def test_scripted_run_resumes_in_its_pinned_workspace_through_the_same_link(tmp_path: Path) -> None:
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    link = tmp_path / "current"
+    link.symlink_to(staging)
+    run = Scribe.run_later("write hi", cwd=link)
+    assert run.options["_workspace"]["root"] == str(staging)
+    run.pending_calls().get().approve()
+    run.refresh_from_db()
+    assert run.status == RunStatus.DONE, run.error
+    assert (staging / "notes.txt").read_text() == "hi"
+
+
+def test_scripted_edited_arguments_in_a_flipped_workspace_are_refused_not_an_error(tmp_path: Path) -> None:
+    from nexo_django.admin.previews import call_preview
+
+    staging, production = tmp_path / "staging", tmp_path / "production"
+    staging.mkdir()
+    production.mkdir()
+    link = tmp_path / "current"
+    link.symlink_to(staging)
+    run = Scribe.run("write hi", cwd=link)
+    _flip(link, production)
+    call = run.pending_calls().get()
+    with pytest.raises(InvalidEditedArguments, match="different workspace"):
+        call.approve(args={"path": "notes.txt", "content": "edited"})
+    preview = call_preview(run, call)
+    assert preview.kind == "unavailable" and "SecurityError" in preview.workspace
+    assert list(production.iterdir()) == [] and list(staging.iterdir()) == []
+    assert ToolCall.objects.get(pk=call.pk).status == CallStatus.PENDING_APPROVAL

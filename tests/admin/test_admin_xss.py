@@ -11,7 +11,7 @@ import pytest
 
 from nexo_django.display import is_hidden, json_for_editor, reveal
 from nexo_django.models import AgentRun, ToolCall
-from tests.test_admin_support import (
+from tests.admin.support import (
     DECISIONS,
     HIDDEN,
     HOSTILE_CONTENT,
@@ -125,9 +125,9 @@ def test_hostile_tool_name_and_call_id_never_reach_a_page_raw() -> None:
     from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 
     from nexo_django.models import RunStatus, args_digest
-    from tests.test_admin_support import ZWSP
+    from tests.admin.support import ZWSP
 
-    run = AgentRun.objects.create(agent="tests.test_admin_support.HostileScribe", prompt="p", status=RunStatus.SUSPENDED)
+    run = AgentRun.objects.create(agent="tests.admin.support.HostileScribe", prompt="p", status=RunStatus.SUSPENDED)
     call = ToolCall.objects.create(
         run=run, tool_call_id=f"call{ZWSP}1", name=f"wr{RLO}ite", capability="mcp", args={},
         digest=args_digest({}), status="pending_approval",
