@@ -21,7 +21,8 @@ from django.views import View
 from django.views.decorators.cache import never_cache
 from django.views.generic import DetailView, ListView
 
-from .display import is_hidden, long_strings, message_view, reveal, reveal_json
+from .bounded import bounded_json, bounded_text, long_strings, message_view
+from .display import is_hidden
 from .durable.queue_health import queue_warning
 from .models import ACTIVE_RUN_STATUSES, AgentRun, RunStatus, ToolCall
 
@@ -130,12 +131,13 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
         run: AgentRun = self.object
         status = run_status(run)
         context["status"] = status
-        context["result"] = reveal(run.result or "")
-        context["error"] = reveal(run.error or "")
+        context["result"] = bounded_text(run.result or "").html
+        context["error"] = bounded_text(run.error or "").html
         context["transcript"] = transcript_entries(run.transcript())
         context["queue_warning"] = self.get_queue_warning(run)
         context["pending"] = [
-            {"call": c, "args": reveal_json(c.args), "texts": long_strings(c.args),
+            {"call": c, "args": bounded_json(c.args).html,
+             "texts": [(key, text.html) for key, text in long_strings(c.args)],
              "inbox_url": self.get_inbox_url(c)} for c in run.pending_calls()
         ]
         # The page polls the status while the run can still change, faster while it works.

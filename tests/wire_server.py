@@ -3,6 +3,12 @@
 Real sockets, real HTTP/1.1 with keep-alive, on 127.0.0.1 and an ephemeral port. Each request
 takes the next scripted answer; when the script runs out the server answers 418 with a body
 saying so, which the providers report as a non-retryable error and the test fails loudly.
+
+``WireServer(rules=AnthropicRules())`` (or ``GeminiRules()``) also checks each request the way
+that provider does and answers the provider's own 400 for one it would refuse (a thinking block
+missing before a tool result, a changed signature, a tool call without its thought signature),
+learning what it must see again from the answers it served. A refused request takes no answer
+from the script.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass
@@ -39,6 +45,119 @@ class Received:
     headers: dict[str, str]  # lower-cased names
     body: Any  # decoded JSON, or the raw text when it is not JSON
     client_port: int
+
+
+class Rules(Protocol):
+    def refuse(self, body: Any) -> Answer | None: ...
+
+    def served(self, answer: Answer) -> None: ...
+
+
+THINKING_REQUIRED = (
+    "messages.{index}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{found}`. "
+    "When `thinking` is enabled, a final `assistant` message must start with a thinking block (preceeding "
+    "the lastmost set of `tool_use` and `tool_result` blocks). We recommend you include thinking blocks "
+    "from previous turns. To avoid this requirement, disable `thinking`. Please consult our documentation "
+    "at https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
+)
+
+
+def anthropic_error(message: str) -> Answer:
+    return Answer(400, {"type": "error", "error": {"type": "invalid_request_error", "message": message},
+                        "request_id": "req_011CWire400"})
+
+
+class AnthropicRules:
+    """What the Messages API refuses, as far as these tests reach: with ``thinking`` on, the last
+    assistant turn before the final tool results must start with a thinking block; a thinking
+    block must come back with the text and signature it was served with (redacted ones with their
+    data); every ``tool_result`` answers a ``tool_use`` of the turn before; no empty text block."""
+
+    def __init__(self) -> None:
+        self.signatures: dict[str, str] = {}  # signature -> thinking text served with it
+        self.redacted: set[str] = set()
+
+    def served(self, answer: Answer) -> None:
+        body = answer.body if isinstance(answer.body, dict) else {}
+        for block in body.get("content") or ():
+            if isinstance(block, dict) and block.get("type") == "thinking":
+                self.signatures[str(block.get("signature"))] = str(block.get("thinking"))
+            elif isinstance(block, dict) and block.get("type") == "redacted_thinking":
+                self.redacted.add(str(block.get("data")))
+
+    def refuse(self, body: Any) -> Answer | None:
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(messages, list):
+            return anthropic_error("messages: Field required")
+        for index, message in enumerate(messages):
+            content = message.get("content")
+            if not isinstance(content, list):
+                continue
+            for position, block in enumerate(content):
+                kind = block.get("type")
+                where = f"messages.{index}.content.{position}"
+                if kind == "text" and not block.get("text"):
+                    return anthropic_error("messages: text content blocks must be non-empty")
+                if kind == "thinking" and self.signatures.get(str(block.get("signature"))) != block.get("thinking"):
+                    return anthropic_error(f"{where}: Invalid `signature` in `thinking` block")
+                if kind == "redacted_thinking" and block.get("data") not in self.redacted:
+                    return anthropic_error(f"{where}: Invalid `data` in `redacted_thinking` block")
+                if kind == "tool_result":
+                    before = messages[index - 1].get("content") if index else None
+                    uses = {b.get("id") for b in before or () if isinstance(b, dict) and b.get("type") == "tool_use"}
+                    if block.get("tool_use_id") not in uses:
+                        return anthropic_error(
+                            f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                            f"{block.get('tool_use_id')}. Each `tool_result` block must have a corresponding "
+                            "`tool_use` block in the previous message."
+                        )
+        thinking = body.get("thinking")
+        if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
+            last_user = messages[-1] if messages else {}
+            results = [b for b in last_user.get("content") or () if isinstance(b, dict) and b.get("type") == "tool_result"]
+            if results and len(messages) >= 2:
+                index = len(messages) - 2
+                first = (messages[index].get("content") or [{}])[0]
+                if first.get("type") not in ("thinking", "redacted_thinking"):
+                    return anthropic_error(THINKING_REQUIRED.format(index=index, found=first.get("type")))
+        return None
+
+
+def gemini_error(message: str) -> Answer:
+    # The OpenAI-compatible endpoint wraps Google's error object in a list.
+    return Answer(400, [{"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}])
+
+
+class GeminiRules:
+    """Gemini's OpenAI-compatible endpoint: a tool call it served with a thought signature
+    (``extra_content.google.thought_signature``) must come back with that same signature."""
+
+    def __init__(self) -> None:
+        self.signatures: dict[str, str] = {}  # tool call id -> signature
+
+    def served(self, answer: Answer) -> None:
+        body = answer.body if isinstance(answer.body, dict) else {}
+        for choice in body.get("choices") or ():
+            for call in (choice.get("message") or {}).get("tool_calls") or ():
+                signature = ((call.get("extra_content") or {}).get("google") or {}).get("thought_signature")
+                if signature:
+                    self.signatures[str(call.get("id"))] = str(signature)
+
+    def refuse(self, body: Any) -> Answer | None:
+        for position, message in enumerate(body.get("messages") or ()):
+            for call in message.get("tool_calls") or ():
+                wanted = self.signatures.get(str(call.get("id")))
+                got = ((call.get("extra_content") or {}).get("google") or {}).get("thought_signature")
+                if wanted is not None and got != wanted:
+                    name = (call.get("function") or {}).get("name")
+                    return gemini_error(
+                        "Function call is missing a thought_signature in functionCall parts. This is required "
+                        "for tools to work correctly, and missing thought_signature may lead to degraded model "
+                        f"performance. Additional data, function call `default_api:{name}` , position "
+                        f"{position + 1}. Please refer to https://ai.google.dev/gemini-api/docs/thought-signatures "
+                        "for more details."
+                    )
+        return None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -86,8 +205,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self) -> None:
+    def __init__(self, rules: Rules | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
+        self.rules = rules
         self.lock = threading.Lock()
         self.script: list[Answer] = []
         self.requests: list[Received] = []
@@ -100,16 +220,23 @@ class _Server(ThreadingHTTPServer):
     def next_answer(self, received: Received) -> Answer:
         with self.lock:
             self.requests.append(received)
+            if self.rules is not None:
+                refused = self.rules.refuse(received.body)
+                if refused is not None:
+                    return refused
             if self.script:
-                return self.script.pop(0)
+                answer = self.script.pop(0)
+                if self.rules is not None:
+                    self.rules.served(answer)
+                return answer
         return Answer(418, {"error": {"message": "wire server: no scripted answer left", "type": "test"}})
 
 
 class WireServer:
     """``with WireServer() as server: server.play(Answer(...)); ... server.requests``"""
 
-    def __init__(self) -> None:
-        self._server = _Server()
+    def __init__(self, rules: Rules | None = None) -> None:
+        self._server = _Server(rules)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property

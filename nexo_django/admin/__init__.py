@@ -17,7 +17,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.utils.html import format_html
@@ -25,9 +25,10 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.views.decorators.clickjacking import xframe_options_deny
 
+from ..bounded import preview
 from ..conf import nexo_settings
 from ..core.permissions import CAPABILITIES
-from ..display import mark_hidden, preview, reveal
+from ..display import mark_hidden, reveal
 from ..durable import runs
 from ..durable.queue_health import queue_warning
 from ..models import (
@@ -38,7 +39,7 @@ from ..models import (
     RunStatus,
     ToolCall,
 )
-from . import audit, rules, views
+from . import audit, downloads, rules, views
 from .base import NexoModelAdmin
 from .forms import DecisionForm
 from .previews import CallPreview, call_preview
@@ -152,6 +153,7 @@ class PendingApprovalAdmin(NexoModelAdmin):
     actions = ["approve_selected", "deny_selected"]
     decision_template = "admin/nexo_django/pendingapproval/decision.html"
     review_template = "admin/nexo_django/pendingapproval/review_edit.html"
+    edit_template = "admin/nexo_django/pendingapproval/edit.html"
     bulk_deny_template = "admin/nexo_django/pendingapproval/bulk_deny.html"
 
     # Hooks -----------------------------------------------------------------------------------
@@ -257,6 +259,23 @@ class PendingApprovalAdmin(NexoModelAdmin):
     ) -> HttpResponse:
         return views.decision_view(self, request, object_id)
 
+    @method_decorator(xframe_options_deny)
+    def edit_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return views.edit_view(self, request, object_id)
+
+    def arguments_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return downloads.pending_arguments_view(self, request, object_id)
+
+    def get_urls(self) -> list[URLPattern]:
+        # The editor and the full arguments are pages apart from the decision page, so the
+        # decision page and what its buttons post stay small whatever the arguments' size.
+        wrap = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/edit/", wrap(self.edit_view), name="nexo_django_pendingapproval_edit"),
+            path("<path:object_id>/arguments/", wrap(self.arguments_view), name="nexo_django_pendingapproval_arguments"),
+            *super().get_urls(),
+        ]
+
     # Bulk actions ----------------------------------------------------------------------------
 
     @admin.action(description="Approve selected calls", permissions=["decide"])
@@ -336,6 +355,17 @@ class AgentRunAdmin(NexoModelAdmin):
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         return views.run_detail_view(self, request, object_id)
+
+    def call_arguments_view(self, request: HttpRequest, object_id: str, call_id: str) -> HttpResponse:
+        return downloads.run_call_arguments_view(self, request, object_id, call_id)
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("<path:object_id>/calls/<str:call_id>/arguments/", wrap(self.call_arguments_view),
+                 name="nexo_django_agentrun_call_arguments"),
+            *super().get_urls(),
+        ]
 
     @admin.action(description="Cancel selected runs", permissions=["decide"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[AgentRun]) -> None:

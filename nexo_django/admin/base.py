@@ -73,5 +73,14 @@ class NexoModelAdmin(admin.ModelAdmin):
     def call_url(self, call_id: Any) -> str:
         return reverse(f"{self.admin_site.name}:nexo_django_pendingapproval_change", args=[call_id])
 
+    def call_edit_url(self, call_id: Any) -> str:
+        return reverse(f"{self.admin_site.name}:nexo_django_pendingapproval_edit", args=[call_id])
+
+    def pending_arguments_url(self, call_id: Any) -> str:
+        return reverse(f"{self.admin_site.name}:nexo_django_pendingapproval_arguments", args=[call_id])
+
+    def run_call_arguments_url(self, run_id: Any, call_id: Any) -> str:
+        return reverse(f"{self.admin_site.name}:nexo_django_agentrun_call_arguments", args=[run_id, call_id])
+
     def run_link(self, run_id: Any, label: str | None = None) -> SafeString:
         return format_html('<a href="{}">{}</a>', self.run_url(run_id), label or str(run_id)[:8])

@@ -46,8 +46,8 @@ class DecisionForm(forms.Form):
         help_text="Sent to the model with a denial, and kept with the decision.",
         widget=forms.Textarea(attrs={"rows": 2, "cols": 80}),
     )
-    # No max_length here: the editor is pre-filled with the stored arguments, which may be long,
-    # and a plain Approve must not fail on them. The cap applies to edits only (clean()).
+    # No max_length here: the cap applies to edits only (clean()). The decision page posts no
+    # editor at all (it is a page of its own), so Approve never carries the arguments.
     edited_args = forms.CharField(
         required=False, label="Edited arguments (JSON)", strip=False,
         widget=forms.Textarea(attrs={"rows": 10, "cols": 80, "spellcheck": "false", "class": "nexo-json"}),
@@ -68,6 +68,10 @@ class DecisionForm(forms.Form):
         if action not in EDIT_ACTIONS or "edited_args" in self.errors:
             return data
         text = data.get("edited_args") or ""
+        if len(json.dumps(self.call.args, ensure_ascii=False, default=str)) > EDITED_MAX_CHARS:
+            self.add_error("edited_args", f"These arguments are longer than an edit may be ({EDITED_MAX_CHARS} "
+                                          "characters): deny with a note instead.")
+            return data
         if not text.strip():
             self.add_error("edited_args", "Write the arguments to approve, as a JSON object.")
             return data

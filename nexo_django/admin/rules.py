@@ -18,7 +18,7 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.html import format_html
 
-from ..display import reveal
+from ..display import is_hidden, reveal
 from ..durable import rules, runs
 from ..models import ApprovalRule, RunEvent, ToolCall, Verdict
 from .base import DECIDE_PERMISSION
@@ -94,6 +94,21 @@ class ApprovalRuleAdmin(admin.ModelAdmin):
     @admin.display(description="calls decided", ordering="decided_count")
     def decided(self, obj: ApprovalRule) -> int:
         return int(getattr(obj, "decided_count", 0))
+
+
+def always_allow_context(model_admin: Any, request: HttpRequest, call: ToolCall) -> dict[str, Any]:
+    """What the decision page needs for "approve, and always allow", and to tell the run's
+    starter (self-approval off) why there are no buttons."""
+    suggested = rules.suggested_path(call)
+    kind = "command" if call.capability == "shell" else "path" if call.capability in rules.PATH_CAPABILITIES else ""
+    return {
+        "is_requester": not model_admin.has_decide_permission(request, call) and model_admin.has_decide_permission(request),
+        "rule_path_kind": kind,
+        "rule_path": suggested,
+        "rule_path_html": reveal(suggested),
+        # An input's value cannot show invisible characters: such a path gets no "always allow".
+        "rule_path_hidden": any(is_hidden(c) for c in suggested),
+    }
 
 
 def approve_always(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from typing import Any
 
 from django.contrib import messages
@@ -24,20 +25,16 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
-from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
-from ..display import (
+from ..bounded import (
+    bounded_json,
+    bounded_text,
     count_hidden,
-    json_diff,
-    json_for_editor,
     long_strings,
-    mark_hidden,
-    message_view,
-    pretty_json,
     preview,
-    reveal,
-    reveal_json,
 )
-from ..durable import rules, runs
+from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
+from ..display import is_hidden, json_diff, json_for_editor, mark_hidden, reveal
+from ..durable import runs
 from ..models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
 from . import rules as admin_rules
 from .base import NexoModelAdmin
@@ -47,8 +44,18 @@ from .forms import (
     APPROVE_EDITED,
     BACK,
     DENY_STOP,
+    EDITED_MAX_CHARS,
     REVIEW_EDIT,
     BulkDenyForm,
+)
+from .loading import (
+    CALL_CELL_BYTES,
+    Stored,
+    cell_shown,
+    load,
+    load_many,
+    preview_shown,
+    transcript_context,
 )
 
 #: the inbox's and the run page's admins (``nexo_django.admin``), which import this module:
@@ -111,24 +118,16 @@ def _base_context(model_admin: Any, request: HttpRequest, title: str, obj: Any =
     }
 
 
-def transcript_context(model_admin: NexoModelAdmin, request: HttpRequest, run: AgentRun) -> dict[str, Any]:
-    show_all = request.GET.get("transcript") == "all"
-    messages_qs = model_admin.get_transcript(request, run)
-    total = messages_qs.count()
-    rows = list(messages_qs) if show_all else list(reversed(messages_qs.reverse()[: model_admin.transcript_limit]))
-    return {
-        "transcript": [{"seq": m.seq, **message_view(m.data)} for m in rows],
-        "transcript_total": total,
-        "transcript_hidden": total - len(rows),
-    }
-
-
 # --- one call ------------------------------------------------------------------------------------
 
 
-def _find_call(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> ToolCall | None:
+def _find_call(
+    model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str, *, defer_args: bool = False
+) -> ToolCall | None:
+    # A page defers the arguments and loads them by size (admin.loading); a decision needs no more.
     try:
-        return model_admin.get_queryset(request).filter(pk=object_id).first()
+        calls = model_admin.get_queryset(request).filter(pk=object_id)
+        return (calls.defer("args") if defer_args else calls).first()
     except (ValueError, ValidationError):
         return None
 
@@ -145,72 +144,147 @@ def _refuse(model_admin: Any, request: HttpRequest) -> HttpResponse | None:
     return None
 
 
+_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
+#: Other pending calls of the run listed on a decision page.
+OTHER_PENDING_SHOWN = 20
+#: HTML bytes of the pre-filled editor; past it the arguments are too long to edit on a page.
+EDITOR_MAX_BYTES = 600_000
+
+
 def decision_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
     refused = _refuse(model_admin, request)
     if refused is not None:
         return refused
-    call = _find_call(model_admin, request, object_id)
+    call = _find_call(model_admin, request, object_id, defer_args=request.method != "POST")
     if call is None:
         messages.warning(request, "That call is no longer waiting for a decision (it was decided, or its run ended).")
         return HttpResponseRedirect(_changelist_url(model_admin))
-    form = None
     if request.method == "POST":
         if not model_admin.has_decide_permission(request, call):
             raise PermissionDenied
         form = model_admin.get_decision_form(request, call, data=request.POST)
+        action = request.POST.get("action")
         if form.is_valid():
             action = form.cleaned_data["action"]
             if action == REVIEW_EDIT:
                 return _review_page(model_admin, request, call, form.cleaned_data)
             if action != BACK:
                 return _decide(model_admin, request, call, action, form.cleaned_data)
-            # "Back to editing": show the page again with the edited text kept.
+            # "Back to editing": the editor again, with the edited text kept.
             text = form.cleaned_data.get("edited_args", "")
             with contextlib.suppress(ValueError):
                 text = json_for_editor(json.loads(text))
             form = model_admin.get_decision_form(request, call, initial={
                 "digest": call.digest, "note": form.cleaned_data.get("note", ""), "edited_args": text,
             })
-            return _decision_page(model_admin, request, call, form, editing=True)
-    if form is None:
-        form = model_admin.get_decision_form(
-            request, call, initial={"digest": call.digest, "edited_args": json_for_editor(call.args)}
-        )
-    return _decision_page(model_admin, request, call, form, editing=form.is_bound)
+            return _edit_page(model_admin, request, call, form)
+        if action in (REVIEW_EDIT, APPROVE_EDITED, BACK):
+            return _edit_page(model_admin, request, call, form)
+        return _decision_page(model_admin, request, call, form)
+    # The decision form carries the digest and the note only: what Approve and Deny post never
+    # grows with the arguments (the editor is a page of its own).
+    form = model_admin.get_decision_form(request, call, initial={"digest": call.digest})
+    return _decision_page(model_admin, request, call, form)
+
+
+def edit_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    """The editor of one call's arguments, a page apart from the decision page; it posts to the
+    decision page (review, then confirm)."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
+    refused = _refuse(model_admin, request)
+    if refused is not None:
+        return refused
+    call = _find_call(model_admin, request, object_id, defer_args=True)
+    if call is None:
+        messages.warning(request, "That call is no longer waiting for a decision (it was decided, or its run ended).")
+        return HttpResponseRedirect(_changelist_url(model_admin))
+    text = _editor_text(call)
+    form = model_admin.get_decision_form(request, call, initial={"digest": call.digest, "edited_args": text or ""})
+    return _edit_page(model_admin, request, call, form, editable=text is not None)
+
+
+def _editor_text(call: ToolCall) -> str | None:
+    """The arguments as the editor shows them, or None when they are longer than an edit may be
+    (their stored size is asked first: a 50 MB argument is not loaded for nothing)."""
+    stored = load(ToolCall, call.pk, "args")
+    if stored.big or stored.size > EDITED_MAX_CHARS:
+        return None
+    text = json_for_editor(stored.value)
+    return text if len(text) <= EDITED_MAX_CHARS else None
+
+
+def _edit_page(
+    model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, form: Any, *, editable: bool | None = None
+) -> HttpResponse:
+    if editable is None:
+        editable = _editor_text(call) is not None
+    context = {
+        **_base_context(model_admin, request, mark_hidden(f"Edit the arguments of {call.name}"), call),
+        "call": call,
+        "tool_name": reveal(call.name),
+        "call_id": bounded_text(call.tool_call_id, budget=2_000, chars=200).html,
+        "form": form,
+        "editable": editable,
+        "edited_max": EDITED_MAX_CHARS,
+        "decision_url": model_admin.call_url(call.pk),
+        "arguments_url": model_admin.pending_arguments_url(call.pk),
+    }
+    return TemplateResponse(request, model_admin.edit_template, context)
 
 
 def _decision_page(
     model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, form: Any, *, editing: bool = False
 ) -> HttpResponse:
     run = call.run
+    pending = list(model_admin.get_other_pending(request, call).defer("args")[: OTHER_PENDING_SHOWN + 1])
+    stored_others = load_many(ToolCall, [c.pk for c in pending[:OTHER_PENDING_SHOWN]], "args")
     other = [
-        {"url": model_admin.call_url(c.pk), "name": reveal(c.name), "preview": preview(c.args)}
-        for c in model_admin.get_other_pending(request, call)
+        {"url": model_admin.call_url(c.pk), "name": reveal(c.name), "preview": preview_shown(stored_others.get(c.pk))}
+        for c in pending[:OTHER_PENDING_SHOWN]
     ]
+    stored = load(ToolCall, call.pk, "args")
+    call.nexo_args_size = stored.size  # type: ignore[attr-defined]  # read by admin.previews
+    if stored.big:
+        # Too big to load into a page: the start of its stored JSON text, as stored.
+        prefix = stored.prefix or ""
+        args = bounded_text(prefix, keep="\n")
+        args.clipped = True
+        hidden, exact = count_hidden(prefix)
+        # Stored JSON text may write hidden characters as \uXXXX escapes (SQLite keeps ASCII): count those too.
+        hidden += sum(1 for code in _ESCAPE.findall(prefix) if is_hidden(chr(int(code, 16))))
+        exact = False
+        strings: list[Any] = []
+    else:
+        if "args" in call.get_deferred_fields():
+            call.args = stored.value
+        args = bounded_json(stored.value)
+        hidden, exact = count_hidden(stored.value)
+        strings = long_strings(stored.value)
     context = {
         **_base_context(model_admin, request, mark_hidden(f"Decide: {call.name} in {run.agent_name} run {str(run.pk)[:8]}"), call),
         "call": call,
         "run": run,
         "run_link": model_admin.run_link(run.pk),
         "tool_name": reveal(call.name),
-        "call_id": reveal(call.tool_call_id),
+        "call_id": bounded_text(call.tool_call_id, budget=2_000, chars=200).html,
         "started_by": str(run.created_by) if run.created_by_id else "—",
         "age": timesince(call.created_at),
-        "args_html": reveal_json(call.args),
-        "hidden_count": count_hidden(pretty_json(call.args), keep="\n"),
-        "long_strings": long_strings(call.args),
+        "args_html": args.html,
+        "args_clipped": args.clipped,
+        "args_size": stored.size,
+        "args_big": stored.big,
+        "hidden_count": hidden,
+        "hidden_exact": exact,
+        "long_strings": strings,
+        "arguments_url": model_admin.pending_arguments_url(call.pk),
+        "edit_url": model_admin.call_edit_url(call.pk),
         "preview": model_admin.get_call_preview(request, call),
         "form": form,
         "editing": editing,
         "other_pending": other,
-        "is_requester": not model_admin.has_decide_permission(request, call)
-        and model_admin.has_decide_permission(request),
-        "rule_path_kind": "command" if call.capability == "shell"
-        else "path" if call.capability in rules.PATH_CAPABILITIES else "",
-        "rule_path": rules.suggested_path(call),
-        "rule_path_html": reveal(rules.suggested_path(call)),
-        # An input's value cannot show invisible characters: such a path gets no "always allow".
-        "rule_path_hidden": count_hidden(rules.suggested_path(call), keep="") > 0,
+        "other_pending_more": len(pending) > OTHER_PENDING_SHOWN,
+        **admin_rules.always_allow_context(model_admin, request, call),
         **transcript_context(model_admin, request, run),
     }
     return TemplateResponse(request, model_admin.decision_template, context)
@@ -225,7 +299,7 @@ def _review_page(
         "call": call,
         "tool_name": reveal(call.name),
         "diff": json_diff(call.args, edited),
-        "edited_html": reveal_json(edited),
+        "edited_html": bounded_json(edited).html,
         "digest": data["digest"],
         "note": data.get("note", ""),
         # Compact ASCII JSON: a hidden input keeps it byte for byte (no newlines, no hidden characters).
@@ -367,7 +441,13 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         raise Http404("No such run, or it is not yours to see.")
     if request.method == "POST":
         return _run_action(model_admin, request, run)
-    calls = list(ToolCall.objects.filter(run=run).select_related("decision", "decision__decided_by").order_by("created_at", "id"))
+    calls = list(
+        ToolCall.objects.filter(run=run).defer("args", "result")
+        .select_related("decision", "decision__decided_by").order_by("created_at", "id")
+    )
+    # Arguments and results by size: a call of 50 MB is shown by the start of its stored text.
+    stored_args = load_many(ToolCall, [c.pk for c in calls], "args")
+    stored_results = load_many(ToolCall, [c.pk for c in calls], "result")
     show_all_events = request.GET.get("events") == "all"
     events_qs = model_admin.get_events(request, run)
     events_total = events_qs.count()
@@ -375,23 +455,24 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
     context = {
         **_base_context(model_admin, request, f"{run.agent_name} run {str(run.pk)[:8]}", run),
         "run": run,
-        "prompt_html": reveal(run.prompt),
-        "result_html": reveal(run.result) if run.result is not None else None,
-        "error_html": reveal(run.error) if run.error else None,
+        "prompt_html": bounded_text(run.prompt).html,
+        "result_html": bounded_text(run.result).html if run.result is not None else None,
+        "error_html": bounded_text(run.error).html if run.error else None,
         "started_by": str(run.created_by) if run.created_by_id else "—",
-        "calls": [_call_row(model_admin, c) for c in calls],
+        "calls": [_call_row(model_admin, c, stored_args[c.pk], stored_results[c.pk]) for c in calls],
         "has_unknown": any(c.status == CallStatus.OUTCOME_UNKNOWN for c in calls),
         "can_cancel": not run.is_terminal,
         "can_retry": run.status == RunStatus.NEEDS_ATTENTION,
         "queue_warning": model_admin.get_queue_warning(request, run),
-        "events": [{"seq": e.id, "type": e.type, "data": reveal_json(e.data), "at": e.created_at} for e in events],
+        "events": [{"seq": e.id, "type": e.type, "data": bounded_json(e.data, budget=4_000, string_chars=500).html,
+                    "at": e.created_at} for e in events],
         "events_hidden": events_total - len(events),
         **transcript_context(model_admin, request, run),
     }
     return TemplateResponse(request, model_admin.detail_template, context)
 
 
-def _call_row(model_admin: AgentRunAdmin, call: ToolCall) -> dict[str, Any]:
+def _call_row(model_admin: AgentRunAdmin, call: ToolCall, args: Stored, result: Stored) -> dict[str, Any]:
     decision = getattr(call, "decision", None)
     return {
         "pk": call.pk,
@@ -402,14 +483,17 @@ def _call_row(model_admin: AgentRunAdmin, call: ToolCall) -> dict[str, Any]:
         "pending": call.status == CallStatus.PENDING_APPROVAL,
         "unknown": call.status == CallStatus.OUTCOME_UNKNOWN,
         "decide_url": model_admin.call_url(call.pk),
-        "args": reveal_json(call.args),
-        "result": reveal_json(call.result) if call.result is not None else None,
+        "arguments_url": model_admin.run_call_arguments_url(call.run_id, call.pk),
+        # Each call's cell is bounded; the full arguments are a download away.
+        "args": cell_shown(args),
+        "result": cell_shown(result) if result.big or result.value is not None else None,
         "decision": None if decision is None else {
             "verdict": decision.verdict,
             "by": str(decision.decided_by) if decision.decided_by_id else "system",
             "at": decision.decided_at,
             "note": reveal(decision.note),
-            "edited": reveal_json(decision.args) if decision.args is not None else None,
+            "edited": bounded_json(decision.args, budget=CALL_CELL_BYTES, string_chars=2_000).html
+            if decision.args is not None else None,
             "stop": decision.stop,
             "source": decision.source,
             "digest": decision.digest,

@@ -46,8 +46,11 @@ def test_decision_page_shows_arguments_and_buttons(ann: Any, scribe_call: ToolCa
     html = response.content.decode()
     assert response.status_code == 200
     assert "notes.txt" in html and "&quot;content&quot;: &quot;hi&quot;" in html
-    for button in ('value="approve"', 'value="deny"', 'value="deny_stop"', 'value="review_edit"'):
+    for button in ('value="approve"', 'value="deny"', 'value="deny_stop"'):
         assert button in html
+    # The editor is a page of its own: the decision form never posts the arguments.
+    assert 'value="review_edit"' not in html and 'name="edited_args"' not in html
+    assert f'href="{decision_url(scribe_call).replace("/change/", "/edit/")}"' in html
     assert page_digest(html) == scribe_call.digest
     assert "write hi" in html  # the transcript
 
@@ -299,6 +302,6 @@ def test_scripted_plain_approve_works_with_very_long_arguments(ann: Any, tmp_pat
 
 def test_back_to_editing_opens_the_editor(ann: Any, scribe_call: ToolCall) -> None:
     client = client_for(ann)
-    assert "<details open>" not in client.get(decision_url(scribe_call)).content.decode()
+    assert 'id="edit-form"' not in client.get(decision_url(scribe_call)).content.decode()
     response = decide(client, scribe_call, "back", edited_args=edited(path="notes.txt", content="draft"))
-    assert "<details open>" in response.content.decode()
+    assert 'id="edit-form"' in response.content.decode()

@@ -130,3 +130,56 @@ def test_a_write_call_has_no_confinement_line(tmp_path: Path) -> None:
     run = Scribe.run("write hi", cwd=tmp_path)
     [call] = run.pending_calls()
     assert call_preview(run, call).confinement == ""
+
+
+# --- bytes, not lines: a diff never calls different bytes equal ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "shown"),
+    [
+        pytest.param(b"echo hi # rm -rf ~\n", "echo hi #\vrm -rf ~\n", "⟦U+000B⟧", id="vertical-tab"),
+        pytest.param(b"a\nb\n", "a\rb\n", "⟦U+000D⟧", id="CR-for-LF"),
+        pytest.param(b"a\r\nb\r\n", "a\nb\n", "⟦U+000D⟧", id="CRLF-to-LF"),
+        pytest.param(b"a\nb\n", "a\u2028b\n", "⟦U+2028⟧", id="line-separator"),
+        pytest.param(b"a\nb\n", "a\nb", "no newline at end of file", id="final-newline-dropped"),
+        pytest.param(b"caf\xff\n", "caf\ufffd\n", "⟦U+DCFF⟧", id="invalid-utf8"),
+    ],
+)
+def test_bytes_that_differ_are_never_unchanged_and_the_difference_is_visible(
+    tmp_path: Path, old: bytes, new: str, shown: str
+) -> None:
+    (tmp_path / "f.sh").write_bytes(old)
+    preview = write_diff(LocalSandbox(tmp_path), "f.sh", new)
+    assert preview.kind == "changed"
+    assert any(kind in "+-" for kind, _ in preview.diff)
+    assert any(shown in str(line) for _, line in preview.diff)
+
+
+def test_equal_prefixes_past_the_cut_are_never_called_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admin_preview, "DIFF_MAX_BYTES", 1024)
+    (tmp_path / "big.txt").write_text("x" * 2000)
+    preview = write_diff(LocalSandbox(tmp_path), "big.txt", "x" * 1024 + "y" * 976)
+    assert preview.kind == "same_prefix"
+    assert any("only the first 1 KiB are compared" in n for n in preview.notes)
+
+
+def test_an_8_gib_sparse_file_makes_a_small_diff(tmp_path: Path) -> None:
+    with open(tmp_path / "disk.img", "wb") as sparse:
+        sparse.truncate(8 * 1024**3)  # no blocks written: the file system keeps it sparse
+    preview = write_diff(LocalSandbox(tmp_path), "disk.img", "boot\n")
+    assert preview.kind == "changed"
+    html = "".join(str(line) for _, line in preview.diff)
+    assert len(html) < 50_000
+    assert "⟦U+0000⟧" in html and "×" in html  # the run of NULs shown as one marker with its count
+    assert any("8,589,934,592 bytes" in n for n in preview.notes)
+
+
+def test_the_decision_page_says_same_bytes_only_when_every_byte_was_compared(tmp_path: Path) -> None:
+    from tests.admin.support import approver, client_for, decision_url
+
+    (tmp_path / "notes.txt").write_bytes(b"hi\r\n")
+    run = Scribe.run("write hi", cwd=tmp_path)  # proposes "hi"
+    html = client_for(approver()).get(decision_url(run.pending_calls().get())).content.decode()
+    assert "already has exactly this content" not in html
+    assert 'data-kind="changed"' in html

@@ -73,7 +73,7 @@ def test_each_hidden_character_is_named_on_the_decision_page(hostile: ToolCall) 
 
 
 def test_the_editor_shows_hidden_characters_as_json_escapes(hostile: ToolCall) -> None:
-    html = client_for(approver()).get(decision_url(hostile)).content.decode()
+    html = client_for(approver()).get(decision_url(hostile).replace("/change/", "/edit/")).content.decode()
     assert "report\\u202etxt.exe" in html
 
 

@@ -22,7 +22,7 @@ from nexo_django.core.errors import ModelError
 from nexo_django.core.llm import resolve_model
 from nexo_django.core.llm.anthropic import AnthropicModel
 from nexo_django.core.llm.http import ProviderError
-from tests.wire_server import Answer, WireServer
+from tests.wire_server import Answer, AnthropicRules, WireServer
 
 WRITE_SPEC = {
     "name": "write",
@@ -376,3 +376,209 @@ def test_an_agent_runs_a_tool_call_then_answers(server: WireServer) -> None:
     assert result_block["type"] == "tool_result" and result_block["tool_use_id"] == "toolu_w1"
     assert "is_error" not in result_block
     assert json.loads(result_block["content"])["path"] == "notes.txt"
+
+
+# --- extended thinking: opaque blocks go back unchanged, to Anthropic only ----------------------
+
+THINKING = {"type": "enabled", "budget_tokens": 2048}
+SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds" + "x" * 40
+
+
+def thinking(text_: str = "The user wants a note; I'll write it.", signature: str = SIGNATURE) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text_, "signature": signature}
+
+
+def redacted(data: str = "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr") -> dict[str, Any]:
+    return {"type": "redacted_thinking", "data": data}
+
+
+@pytest.fixture
+def anthropic_server() -> Iterator[WireServer]:
+    """A loopback server that refuses what the Messages API refuses, with its own 400."""
+    with WireServer(rules=AnthropicRules()) as wire:
+        yield wire
+
+
+def _thinking_agent(server: WireServer, permissions: str = "auto") -> type[Agent]:
+    class Thinker(Agent):
+        model = AnthropicModel(
+            "claude-sonnet-4-5", base_url=server.url, api_key="sk-ant-t", timeout=5, extra_body={"thinking": THINKING}
+        )
+        sandbox = "virtual"
+
+    Thinker.permissions = permissions
+    return Thinker
+
+
+def test_the_wire_server_refuses_a_tool_result_after_a_turn_without_its_thinking_block(
+    anthropic_server: WireServer, client: httpx.Client
+) -> None:
+    # The provider's own rule, as the server enforces it: a turn sent back without its thinking
+    # block (what the seed did) gets Anthropic's 400.
+    model = AnthropicModel("claude-sonnet-4-5", base_url=anthropic_server.url, client=client, extra_body={"thinking": THINKING})
+    stripped: list[dict[str, Any]] = [
+        *USER,
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "toolu_1", "name": "read", "args": {"path": "a"}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "name": "read", "content": {"content": "x"}},
+    ]
+    with pytest.raises(ProviderError, match="Expected `thinking` or `redacted_thinking`, but found `tool_use`") as caught:
+        model.complete(stripped, [])
+    assert caught.value.status == 400
+
+
+def test_thinking_blocks_are_kept_and_sent_back_before_the_tool_result(anthropic_server: WireServer) -> None:
+    blocks = [thinking(), redacted(), tool_use("toolu_t1", "write", {"path": "notes.txt", "content": "hi"})]
+    anthropic_server.play(Answer(body=message(blocks, "tool_use")), Answer(body=text("Wrote it.")))
+    agent = _thinking_agent(anthropic_server)()
+    result = agent.prompt("Write hi to notes.txt")
+    assert result.content == "Wrote it."
+    assert agent.workspace.files == {"notes.txt": b"hi"}  # type: ignore[attr-defined]
+    second = anthropic_server.requests[1].body
+    assert second["messages"][1]["content"] == blocks  # verbatim, in order, signatures included
+    assert next(m for m in result.transcript if m["role"] == "assistant")["opaque"]["provider"] == "anthropic"
+
+
+def test_interleaved_thinking_text_and_calls_keep_their_order(anthropic_server: WireServer, client: httpx.Client) -> None:
+    blocks = [
+        thinking("First the file.", SIGNATURE + "1"),
+        {"type": "text", "text": "Reading a. "},
+        tool_use("toolu_a", "read", {"path": "a"}),
+        thinking("Then the other.", SIGNATURE + "2"),
+        {"type": "text", "text": "And b."},
+        tool_use("toolu_b", "read", {"path": "b"}),
+    ]
+    anthropic_server.play(Answer(body=message(blocks, "tool_use")), Answer(body=text("ok")))
+    model = AnthropicModel("claude-sonnet-4-5", base_url=anthropic_server.url, client=client, extra_body={"thinking": THINKING})
+    reply = model.complete(USER, []).message
+    assert reply["content"] == "Reading a. And b."
+    transcript = [
+        *USER, reply,
+        {"role": "tool", "tool_call_id": "toolu_a", "name": "read", "content": {"content": "A"}},
+        {"role": "tool", "tool_call_id": "toolu_b", "name": "read", "content": {"content": "B"}},
+    ]
+    model.complete(transcript, [])
+    assert anthropic_server.requests[1].body["messages"][1]["content"] == blocks
+
+
+def test_a_changed_thinking_block_gets_anthropics_400(anthropic_server: WireServer, client: httpx.Client) -> None:
+    anthropic_server.play(Answer(body=message([thinking(), tool_use("toolu_c", "read", {"path": "a"})], "tool_use")))
+    model = AnthropicModel("claude-sonnet-4-5", base_url=anthropic_server.url, client=client, extra_body={"thinking": THINKING})
+    reply = model.complete(USER, []).message
+    reply["opaque"]["content"][0]["block"]["thinking"] = "edited"
+    transcript = [*USER, reply, {"role": "tool", "tool_call_id": "toolu_c", "name": "read", "content": {}}]
+    with pytest.raises(ProviderError, match="Invalid `signature` in `thinking` block"):
+        model.complete(transcript, [])
+
+
+def test_thinking_blocks_go_back_only_to_the_host_that_made_them(server: WireServer, client: httpx.Client) -> None:
+    # The same transcript sent to another Anthropic-compatible host carries no signature of ours.
+    reply = {
+        "role": "assistant", "content": "Reading.",
+        "tool_calls": [{"id": "toolu_1", "name": "read", "args": {"path": "a"}}],
+        "opaque": {"provider": "anthropic", "host": "api.anthropic.com",
+                   "content": [{"block": thinking()}, {"neutral": "text", "chars": 8}, {"neutral": "tool_use"}]},
+    }
+    server.play(Answer(body=text("ok")))
+    AnthropicModel("claude-sonnet-4-5", base_url=server.url, client=client).complete([*USER, reply], [])
+    assert [b["type"] for b in server.requests[0].body["messages"][1]["content"]] == ["text", "tool_use"]
+
+
+def test_an_openai_reply_with_opaque_parts_sends_nothing_of_them_to_anthropic(server: WireServer, client: httpx.Client) -> None:
+    reply = {
+        "role": "assistant", "content": None,
+        "tool_calls": [{"id": "call_1", "name": "read", "args": {"path": "a"}}],
+        "opaque": {"provider": "openai", "host": "127.0.0.1", "message": {"reasoning_details": [{"type": "reasoning.text"}]}},
+    }
+    server.play(Answer(body=text("ok")))
+    AnthropicModel("claude-sonnet-4-5", base_url=server.url, client=client).complete([*USER, reply], [])
+    assert server.requests[0].body["messages"][1] == {
+        "role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "read", "input": {"path": "a"}}]
+    }
+
+
+class ThinkingScribe(Agent):
+    """Durable: a gated write after a thinking turn; its model is set by the test (loopback server)."""
+
+    sandbox = "virtual"
+    permissions = "approve"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.durable
+def test_a_durable_run_resumed_after_a_thinking_turn_sends_the_thinking_block_back(
+    anthropic_server: WireServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nexo_django.models import AgentRun, RunStatus
+
+    monkeypatch.setattr(ThinkingScribe, "model", AnthropicModel(
+        "claude-sonnet-4-5", base_url=anthropic_server.url, api_key="sk-ant-d", timeout=5, extra_body={"thinking": THINKING}
+    ))
+    blocks = [thinking(), tool_use("toolu_d1", "write", {"path": "notes.txt", "content": "hi"})]
+    anthropic_server.play(Answer(body=message(blocks, "tool_use")), Answer(body=text("Wrote notes.txt.")))
+    run = ThinkingScribe.run("Write hi to notes.txt")
+    assert run.status == RunStatus.SUSPENDED
+    run.resume(approved=True)
+    run = AgentRun.objects.get(pk=run.pk)
+    assert run.status == RunStatus.DONE, run.error
+    assert run.result == "Wrote notes.txt."
+    assert anthropic_server.requests[1].body["messages"][1]["content"] == blocks
+
+
+# --- stop reasons ----------------------------------------------------------------------------
+
+
+def test_a_tool_use_cut_off_by_max_tokens_never_runs_and_the_model_is_told(anthropic_server: WireServer) -> None:
+    # The cut-off call lost the end of its arguments: it must not write anything.
+    cut = message([tool_use("toolu_m", "write", {"path": "notes.txt"})], "max_tokens")
+    anthropic_server.play(Answer(body=cut), Answer(body=text("I'll stop here.")))
+
+    class Writer(Agent):
+        model = AnthropicModel("claude-sonnet-4-5", base_url=anthropic_server.url, api_key="k", timeout=5)
+        sandbox = "virtual"
+        permissions = "auto"
+
+    agent = Writer()
+    result = agent.prompt("Write a note")
+    assert agent.workspace.files == {}  # type: ignore[attr-defined]
+    assert "max_tokens" in result.tool_calls[0].result["error"]
+    [block] = anthropic_server.requests[1].body["messages"][2]["content"]
+    assert block["is_error"] is True and 'stop_reason \\"max_tokens\\"' in block["content"]
+
+
+@pytest.mark.parametrize("reason", ["max_tokens", "model_context_window_exceeded"])
+def test_an_empty_reply_cut_off_says_why(server: WireServer, model: AnthropicModel, reason: str) -> None:
+    server.play(Answer(body=message([thinking()], reason)))
+    with pytest.raises(ProviderError, match=f'empty: it was cut off at the output token limit \\(stop_reason "{reason}"\\)'):
+        model.complete(USER, [])
+
+
+def test_a_refusal_with_empty_content_surfaces_as_the_answer(server: WireServer, model: AnthropicModel) -> None:
+    server.play(Answer(body=message([], "refusal")))
+    reply = model.complete(USER, []).message
+    assert reply["content"] == 'The model declined to answer (stop_reason "refusal").'
+    assert reply["stop_reason"] == "refusal"
+
+
+def test_a_refusal_keeps_the_text_it_came_with(server: WireServer, model: AnthropicModel) -> None:
+    server.play(Answer(body=message([{"type": "text", "text": "I can't help with that."}], "refusal")))
+    assert model.complete(USER, []).message["content"] == "I can't help with that."
+
+
+def test_pause_turn_continues_the_turn_with_the_paused_content(anthropic_server: WireServer, client: httpx.Client) -> None:
+    search = {"type": "server_tool_use", "id": "srvtoolu_01", "name": "web_search", "input": {"query": "django 6"}}
+    found = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_01",
+             "content": [{"type": "web_search_result", "url": "https://www.djangoproject.com/", "title": "Django",
+                          "encrypted_content": "EqgfCioIARgBIiQ3YTAw", "page_age": None}]}
+    anthropic_server.play(
+        Answer(body=message([search], "pause_turn", input_tokens=100, output_tokens=10)),
+        Answer(body=message([found, {"type": "text", "text": "Django 6 is out."}], "end_turn", input_tokens=200, output_tokens=20)),
+    )
+    model = AnthropicModel("claude-sonnet-4-5", base_url=anthropic_server.url, client=client)
+    result = model.complete(USER, [])
+    assert result.message["content"] == "Django 6 is out."
+    assert result.usage == {"input_tokens": 300, "output_tokens": 30}
+    first, second = (r.body for r in anthropic_server.requests)
+    assert second["messages"] == [*first["messages"], {"role": "assistant", "content": [search]}]
+    assert [item.get("block", {}).get("type") for item in result.message["opaque"]["content"]] == [
+        "server_tool_use", "web_search_tool_result", None
+    ]

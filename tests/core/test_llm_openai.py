@@ -23,7 +23,7 @@ from nexo_django.core.errors import ModelError
 from nexo_django.core.llm import resolve_model
 from nexo_django.core.llm.http import ProviderError
 from nexo_django.core.llm.openai import OpenAIModel
-from tests.wire_server import Answer, WireServer, free_port
+from tests.wire_server import Answer, GeminiRules, WireServer, free_port
 
 WRITE_SPEC = {
     "name": "write",
@@ -466,3 +466,143 @@ def test_an_agent_gets_bad_arguments_back_as_an_error(server: WireServer) -> Non
     tool_message = server.requests[1].body["messages"][2]
     assert tool_message["tool_call_id"] == "call_bad"
     assert "invalid JSON arguments" in json.loads(tool_message["content"])["error"]
+
+
+# --- opaque parts: Gemini thought signatures, OpenRouter reasoning_details -------------------
+
+GEMINI_SIGNATURE = "CiQBcsjafBIHUVd8ll3ywVDgFzaXPTWVPtdSWgA2Kgq5OClI4ksKXwFyyNp8" + "Q" * 30
+
+
+def gemini_calls(*calls_: tuple[str, str, str, str | None]) -> dict[str, Any]:
+    """A tool-calling turn as Gemini's OpenAI-compatible endpoint sends it: each call may carry
+    its thought signature in ``extra_content.google.thought_signature``."""
+    tool_calls = []
+    for id_, name, arguments, signature in calls_:
+        call: dict[str, Any] = {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+        if signature is not None:
+            call["extra_content"] = {"google": {"thought_signature": signature}}
+        tool_calls.append(call)
+    return completion({"content": None, "tool_calls": tool_calls}, "tool_calls")
+
+
+@pytest.fixture
+def gemini_server() -> Iterator[WireServer]:
+    with WireServer(rules=GeminiRules()) as wire:
+        yield wire
+
+
+def test_the_wire_server_refuses_a_call_sent_back_without_its_thought_signature(
+    gemini_server: WireServer, client: httpx.Client
+) -> None:
+    gemini_server.play(Answer(body=gemini_calls(("function-call-1", "read", '{"path": "a"}', GEMINI_SIGNATURE))))
+    model = OpenAIModel("gemini-3-pro-preview", base_url=gemini_server.url + "/v1beta/openai", client=client)
+    reply = model.complete(USER, []).message
+    del reply["opaque"]  # what the seed did: the signature is lost
+    transcript = [*USER, reply, {"role": "tool", "tool_call_id": "function-call-1", "name": "read", "content": {}}]
+    with pytest.raises(ProviderError, match="missing a thought_signature") as caught:
+        model.complete(transcript, [])
+    assert caught.value.status == 400
+
+
+def test_gemini_thought_signatures_go_back_on_their_tool_calls(gemini_server: WireServer) -> None:
+    gemini_server.play(
+        Answer(body=gemini_calls(
+            ("function-call-1", "write", '{"path": "a.txt", "content": "A"}', GEMINI_SIGNATURE),
+            ("function-call-2", "write", '{"path": "b.txt", "content": "B"}', None),  # parallel: only the first is signed
+        )),
+        Answer(body=text("Both written.")),
+    )
+
+    class Writer(Agent):
+        model = OpenAIModel("gemini-3-pro-preview", base_url=gemini_server.url + "/v1beta/openai", api_key="g", timeout=5)
+        sandbox = "virtual"
+        permissions = "auto"
+
+    agent = Writer()
+    assert agent.prompt("write both").content == "Both written."
+    assert agent.workspace.files == {"a.txt": b"A", "b.txt": b"B"}  # type: ignore[attr-defined]
+    sent = gemini_server.requests[1].body["messages"][1]["tool_calls"]
+    assert sent[0]["extra_content"] == {"google": {"thought_signature": GEMINI_SIGNATURE}}
+    assert "extra_content" not in sent[1]
+
+
+def test_openrouter_reasoning_details_go_back_unchanged(server: WireServer, client: httpx.Client) -> None:
+    details = [
+        {"type": "reasoning.text", "text": "Read the file first.", "signature": "sig-or-1", "format": "anthropic-claude-v1", "index": 0},
+        {"type": "reasoning.encrypted", "data": "gAAAAABo...", "format": "openai-responses-v1", "index": 1},
+    ]
+    turn = completion({
+        "content": None, "reasoning": "Read the file first.", "reasoning_details": details,
+        "tool_calls": [{"id": "call_r", "type": "function", "function": {"name": "read", "arguments": '{"path": "a"}'}}],
+    }, "tool_calls")
+    server.play(Answer(body=turn), Answer(body=text("ok")))
+    model = OpenAIModel("anthropic/claude-sonnet-4.5", base_url=server.url + "/api/v1", client=client)
+    reply = model.complete(USER, []).message
+    model.complete([*USER, reply, {"role": "tool", "tool_call_id": "call_r", "name": "read", "content": {}}], [])
+    sent = server.requests[1].body["messages"][1]
+    assert sent["reasoning_details"] == details
+    assert "reasoning" not in sent  # only what the server asks back is sent
+
+
+def test_opaque_parts_never_go_to_another_server(server: WireServer, client: httpx.Client) -> None:
+    reply = {
+        "role": "assistant", "content": None,
+        "tool_calls": [{"id": "call_1", "name": "read", "args": {"path": "a"}}],
+        "opaque": {"provider": "openai", "host": "generativelanguage.googleapis.com",
+                   "message": {"reasoning_details": [{"type": "reasoning.text", "text": "x"}]},
+                   "tool_calls": [{"extra_content": {"google": {"thought_signature": GEMINI_SIGNATURE}}}]},
+    }
+    server.play(Answer(body=text("ok")))
+    OpenAIModel("gpt-4.1-mini", base_url=server.url + "/v1", client=client).complete([*USER, reply], [])
+    sent = server.requests[0].body["messages"][1]
+    assert "reasoning_details" not in sent and "extra_content" not in sent["tool_calls"][0]
+
+
+def test_anthropic_opaque_parts_are_not_sent_to_an_openai_server(server: WireServer, model: OpenAIModel) -> None:
+    reply = {"role": "assistant", "content": "Hi.", "opaque": {"provider": "anthropic", "host": "127.0.0.1",
+                                                              "content": [{"block": {"type": "thinking"}}]}}
+    server.play(Answer(body=text("ok")))
+    model.complete([*USER, reply, {"role": "user", "content": "again"}], [])
+    assert server.requests[0].body["messages"][1] == {"role": "assistant", "content": "Hi."}
+
+
+# --- finish reasons --------------------------------------------------------------------------
+
+
+def test_a_tool_call_cut_off_by_length_never_runs_and_the_model_is_told(server: WireServer) -> None:
+    cut = completion({"content": None, "tool_calls": [
+        {"id": "call_cut", "type": "function", "function": {"name": "write", "arguments": '{"path": "notes.txt", "content": "a"}'}}
+    ]}, "length")
+    server.play(Answer(body=cut), Answer(body=text("Stopping.")))
+
+    class Writer(Agent):
+        model = OpenAIModel("gpt-4.1-mini", base_url=server.url + "/v1", api_key="k", timeout=5)
+        sandbox = "virtual"
+        permissions = "auto"
+
+    agent = Writer()
+    result = agent.prompt("write")
+    # Even arguments that happen to parse are not trusted: the reply stopped before it was done.
+    assert agent.workspace.files == {}  # type: ignore[attr-defined]
+    assert 'finish_reason "length"' in result.tool_calls[0].result["error"]
+    tool_message = server.requests[1].body["messages"][-1]
+    assert tool_message["role"] == "tool" and "cut off" in tool_message["content"]
+
+
+def test_an_empty_reply_cut_off_by_length_says_why(server: WireServer, model: OpenAIModel) -> None:
+    server.play(Answer(body=completion({"content": ""}, "length")))
+    with pytest.raises(ProviderError, match='empty: it was cut off at the output token limit \\(finish_reason "length"\\)'):
+        model.complete(USER, [])
+
+
+def test_an_empty_reply_stopped_by_the_content_filter_says_why(server: WireServer, model: OpenAIModel) -> None:
+    server.play(Answer(body=completion({"content": None}, "content_filter")))
+    with pytest.raises(ProviderError, match="content filter stopped it \\(finish_reason \"content_filter\"\\)"):
+        model.complete(USER, [])
+
+
+def test_a_truncated_text_answer_is_kept_and_marked(server: WireServer, model: OpenAIModel) -> None:
+    server.play(Answer(body=completion({"content": "The first half"}, "length")))
+    reply = model.complete(USER, []).message
+    assert reply["content"] == "The first half"
+    assert reply["stop_reason"] == "length"

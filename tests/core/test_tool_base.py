@@ -44,3 +44,62 @@ def test_a_tool_without_an_implementation_is_refused_when_declared() -> None:
 
     with pytest.raises(TypeError, match="run="):
         Tool("t", "", {"type": "object"}, capability="read", idempotent=True)
+
+
+MEMORY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "entityType": {"type": "string"},
+        "observations": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"contents": {"type": "string"}},
+                "required": ["contents"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["name", "entityType", "observations"],
+    "additionalProperties": False,
+}
+
+
+def _memory_tool() -> Tool:
+    return Tool("create_entity", "", MEMORY_SCHEMA, capability="read", idempotent=True, run=lambda a, c: {})
+
+
+def test_a_missing_nested_field_is_named_by_its_path() -> None:
+    import pytest
+
+    from nexo_django.errors import ToolArgumentError
+
+    args = {"name": "n", "entityType": "t", "observations": [{"contents": "a"}, {}]}
+    with pytest.raises(ToolArgumentError) as caught:
+        _memory_tool().validate(args)
+    assert str(caught.value) == "create_entity: missing required argument observations[1].contents"
+
+
+def test_a_nested_extra_key_is_named_by_its_path() -> None:
+    import pytest
+
+    from nexo_django.errors import ToolArgumentError
+
+    args = {"name": "n", "entityType": "t", "observations": [{"contents": "a", "colour": "red"}]}
+    with pytest.raises(ToolArgumentError) as caught:
+        _memory_tool().validate(args)
+    assert str(caught.value) == "create_entity: unexpected argument observations[0].colour"
+
+
+def test_top_level_problems_keep_their_plain_names() -> None:
+    import pytest
+
+    from nexo_django.errors import ToolArgumentError
+
+    with pytest.raises(ToolArgumentError, match=r"^create_entity: missing required argument entityType$"):
+        _memory_tool().validate({"name": "n", "observations": []})
+    with pytest.raises(ToolArgumentError, match=r"^create_entity: unexpected argument extra$"):
+        _memory_tool().validate({"name": "n", "entityType": "t", "observations": [], "extra": 1})
+    with pytest.raises(ToolArgumentError, match=r"^create_entity: argument observations\[0\]\.contents: 5 is not"):
+        _memory_tool().validate({"name": "n", "entityType": "t", "observations": [{"contents": 5}]})

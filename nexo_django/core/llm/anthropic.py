@@ -15,14 +15,22 @@ from typing import Any
 import httpx
 
 from ..errors import ConfigurationError
-from .base import Completion, Message, assistant
-from .http import ProviderError, Retry, endpoint
+from . import stops
+from .base import Completion, Message, assistant, opaque_for
+from .http import ProviderError, Retry, endpoint, host_of
 
 __all__ = ["API_VERSION", "AnthropicModel", "DEFAULT_BASE_URL", "OFFICIAL_HOST", "from_wire", "to_wire", "tool_to_wire"]
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 OFFICIAL_HOST = "api.anthropic.com"
 API_VERSION = "2023-06-01"
+#: Continuations of a turn the API paused (``stop_reason: "pause_turn"``, server tools) before
+#: the turn counts as failed.
+MAX_PAUSED_CONTINUATIONS = 8
+#: Stop reasons that end a reply before the model finished what it was writing.
+CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded"})
+#: Stop reasons of an ordinary end of turn, not recorded in the neutral message.
+ORDINARY = frozenset({"end_turn", "tool_use", "stop_sequence", None})
 
 
 class AnthropicModel:
@@ -77,7 +85,8 @@ class AnthropicModel:
         return f"AnthropicModel({self.model!r}, base_url={self.base_url!r})"
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> Completion:
-        system, turns = to_wire(messages)
+        host = host_of(self.base_url)
+        system, turns = to_wire(messages, host)
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": turns}
         if system:
             body["system"] = system
@@ -87,8 +96,34 @@ class AnthropicModel:
         headers = {"content-type": "application/json", "anthropic-version": self.anthropic_version, **self.headers}
         if self._api_key:
             headers["x-api-key"] = self._api_key
-        data = self.http.post(f"{self.base_url}/v1/messages", headers, body, permanent=_spend_limit_reached)
-        return from_wire(data)
+        url = f"{self.base_url}/v1/messages"
+        data = self.http.post(url, headers, body, permanent=_spend_limit_reached)
+        # A paused turn (server tools) continues: the paused content goes back as-is, as the
+        # last assistant turn, and the continuation's blocks join it in one neutral message.
+        blocks: list[Any] = []
+        usage: dict[str, Any] = {}
+        for _ in range(MAX_PAUSED_CONTINUATIONS):
+            if data.get("stop_reason") != "pause_turn" or not isinstance(data.get("content"), list):
+                break
+            blocks.extend(data["content"])
+            _add_usage(usage, data.get("usage"))
+            body = {**body, "messages": [*turns, {"role": "assistant", "content": list(blocks)}]}
+            data = self.http.post(url, headers, body, permanent=_spend_limit_reached)
+        else:
+            if data.get("stop_reason") == "pause_turn":
+                raise ProviderError(
+                    "anthropic", f"the turn was still paused after {MAX_PAUSED_CONTINUATIONS} continuations"
+                )
+        if blocks and isinstance(data.get("content"), list):
+            _add_usage(usage, data.get("usage"))
+            data = {**data, "content": [*blocks, *data["content"]], "usage": usage}
+        return from_wire(data, host, max_tokens_setting="max_tokens")
+
+
+def _add_usage(total: dict[str, Any], usage: Any) -> None:
+    for key, value in (usage if isinstance(usage, dict) else {}).items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            total[key] = int(total.get(key) or 0) + value
 
 
 def _spend_limit_reached(payload: Any) -> bool:
@@ -110,8 +145,10 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
 
-def to_wire(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
-    """Neutral messages → (``system``, Messages API turns). Unknown keys are dropped."""
+def to_wire(messages: list[Message], host: str = "") -> tuple[str, list[dict[str, Any]]]:
+    """Neutral messages → (``system``, Messages API turns). Unknown keys are dropped; the opaque
+    blocks of an assistant turn (thinking, redacted thinking, server tools) go back unchanged and
+    in their place when they came from Anthropic at ``host``."""
     system: list[str] = []
     turns: list[dict[str, Any]] = []
 
@@ -131,11 +168,8 @@ def to_wire(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
         elif role == "user":
             push("user", [{"type": "text", "text": _text(content if content is not None else "")}])
         elif role == "assistant":
-            blocks: list[dict[str, Any]] = []
-            if content:  # the API rejects empty text blocks
-                blocks.append({"type": "text", "text": _text(content)})
-            for call in message.get("tool_calls") or []:
-                blocks.append({"type": "tool_use", "id": call["id"], "name": call["name"], "input": call.get("args") or {}})
+            opaque = opaque_for(message, "anthropic", host)
+            blocks = _assistant_blocks(message, opaque["content"] if opaque else None)
             if blocks:
                 push("assistant", blocks)
         elif role == "tool":
@@ -152,6 +186,50 @@ def to_wire(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
     return "\n\n".join(system), turns
 
 
+def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call["id"], "name": call["name"], "input": call.get("args") or {}}
+
+
+def _assistant_blocks(message: Message, layout: Any) -> list[dict[str, Any]]:
+    """The content blocks of one assistant turn. With the ``layout`` kept from the response,
+    every block is put back where it was: opaque blocks verbatim, text and tool calls from the
+    neutral message (tool call ids may have been made unique by the loop)."""
+    content = message.get("content")
+    text = _text(content) if content else ""
+    calls = list(message.get("tool_calls") or [])
+    if not isinstance(layout, list):
+        blocks: list[dict[str, Any]] = []
+        if text:  # the API rejects empty text blocks
+            blocks.append({"type": "text", "text": text})
+        blocks.extend(_tool_use(call) for call in calls)
+        return blocks
+    pieces = [item.get("chars") for item in layout if isinstance(item, dict) and item.get("neutral") == "text"]
+    # The text is split as the response had it; if it no longer adds up, it goes in one block.
+    counts = [n for n in pieces if isinstance(n, int) and n >= 0]
+    exact = len(counts) == len(pieces) and sum(counts) == len(text)
+    blocks, at, text_left, calls_left = [], 0, text, iter(calls)
+    for item in layout:
+        if not isinstance(item, dict):
+            continue
+        if item.get("neutral") == "text":
+            if exact:
+                piece, at = text[at : at + item["chars"]], at + item["chars"]
+            else:
+                piece, text_left = text_left, ""
+            if piece:
+                blocks.append({"type": "text", "text": piece})
+        elif item.get("neutral") == "tool_use":
+            call = next(calls_left, None)
+            if call is not None:
+                blocks.append(_tool_use(call))
+        elif isinstance(item.get("block"), dict):
+            blocks.append(item["block"])
+    if not exact and text_left:
+        blocks.append({"type": "text", "text": text_left})
+    blocks.extend(_tool_use(call) for call in calls_left)
+    return blocks
+
+
 def _call_from_wire(block: dict[str, Any]) -> dict[str, Any]:
     name = block.get("name")
     call: dict[str, Any] = {"id": str(block.get("id") or ""), "name": name if isinstance(name, str) else "", "args": {}}
@@ -165,24 +243,42 @@ def _call_from_wire(block: dict[str, Any]) -> dict[str, Any]:
     return call
 
 
-def from_wire(data: dict[str, Any]) -> Completion:
+def from_wire(data: dict[str, Any], host: str = "", *, max_tokens_setting: str = "max_tokens") -> Completion:
     blocks = data.get("content")
     if not isinstance(blocks, list):
         raise ProviderError("anthropic", f"the response has no content blocks: {json.dumps(data)[:300]}")
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
+    # Where each block was: opaque blocks (thinking, redacted_thinking, server tools) are kept
+    # verbatim, text and tool_use by reference to the neutral message, so the turn can be sent
+    # back exactly, in its order, without storing its text and arguments twice.
+    layout: list[dict[str, Any]] = []
     for block in blocks:
         if not isinstance(block, dict):
             continue
         if block.get("type") == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+            layout.append({"neutral": "text", "chars": len(block["text"])})
         elif block.get("type") == "tool_use":
             call = _call_from_wire(block)
             if not call["id"]:
                 # Unique: an id names one call of a run, and its decision with it.
                 call["id"] = f"toolu_missing_{uuid.uuid4().hex[:24]}"
             calls.append(call)
-        # thinking, redacted_thinking and server-tool blocks are not part of the neutral format
+            layout.append({"neutral": "tool_use"})
+        elif isinstance(block.get("type"), str):
+            layout.append({"block": block})
+    content = "".join(texts) if texts else None
+    stop = data.get("stop_reason")
+    reason = f'stop_reason "{stop}"'
+    if stop in CUT_OFF:
+        stops.mark_calls(calls, stops.cut_off_call(reason))
+        if not content and not calls:
+            raise stops.cut_off_empty("anthropic", reason, max_tokens_setting)
+    elif stop == "refusal":
+        stops.mark_calls(calls, stops.refused_call(reason))
+        if not content:
+            content = stops.refusal_text(reason)
     raw_usage = data.get("usage")
     usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
     # input_tokens excludes prompt-cache reads and writes; count them, as OpenAI's prompt_tokens does.
@@ -190,7 +286,12 @@ def from_wire(data: dict[str, Any]) -> Completion:
         int(usage.get(key) or 0)
         for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
+    message = assistant(content, calls)
+    if stop not in ORDINARY:
+        message["stop_reason"] = str(stop)
+    if any("block" in item for item in layout):
+        message["opaque"] = {"provider": "anthropic", "host": host, "content": layout}
     return Completion(
-        message=assistant("".join(texts) if texts else None, calls),
+        message=message,
         usage={"input_tokens": input_tokens, "output_tokens": int(usage.get("output_tokens") or 0)},
     )

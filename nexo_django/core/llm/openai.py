@@ -15,13 +15,19 @@ from typing import Any
 import httpx
 
 from ..errors import ConfigurationError
-from .base import Completion, Message, assistant
-from .http import ProviderError, Retry, endpoint
+from . import stops
+from .base import Completion, Message, assistant, opaque_for
+from .http import ProviderError, Retry, endpoint, host_of
 
 __all__ = ["DEFAULT_BASE_URL", "OFFICIAL_HOST", "OpenAIModel", "from_wire", "to_wire", "tool_to_wire"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 OFFICIAL_HOST = "api.openai.com"
+#: Fields of an assistant message that a server wants back unchanged (OpenRouter's reasoning).
+OPAQUE_MESSAGE_FIELDS = ("reasoning_details",)
+#: Fields of a tool call that a server wants back unchanged (Gemini's thought signature is in
+#: ``extra_content.google.thought_signature``).
+OPAQUE_CALL_FIELDS = ("extra_content",)
 
 
 class OpenAIModel:
@@ -72,7 +78,8 @@ class OpenAIModel:
         return f"OpenAIModel({self.model!r}, base_url={self.base_url!r})"
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> Completion:
-        body: dict[str, Any] = {"model": self.model, "messages": to_wire(messages)}
+        host = host_of(self.base_url)
+        body: dict[str, Any] = {"model": self.model, "messages": to_wire(messages, host)}
         if tools:  # OpenAI rejects an empty "tools" array
             body["tools"] = [tool_to_wire(t) for t in tools]
         body.update(self.extra_body)
@@ -80,7 +87,7 @@ class OpenAIModel:
         if self._api_key:
             headers["authorization"] = f"Bearer {self._api_key}"
         data = self.http.post(f"{self.base_url}/chat/completions", headers, body, permanent=_quota_spent)
-        return from_wire(data)
+        return from_wire(data, host)
 
 
 def _quota_spent(payload: Any) -> bool:
@@ -104,8 +111,10 @@ def tool_to_wire(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def to_wire(messages: list[Message]) -> list[dict[str, Any]]:
-    """Neutral messages → Chat Completions messages. Unknown keys (``usage``...) are dropped."""
+def to_wire(messages: list[Message], host: str = "") -> list[dict[str, Any]]:
+    """Neutral messages → Chat Completions messages. Unknown keys (``usage``...) are dropped; the
+    opaque fields of an assistant message and of its tool calls go back unchanged when they came
+    from this same server (``host``)."""
     out: list[dict[str, Any]] = []
     for message in messages:
         role = message.get("role")
@@ -114,15 +123,23 @@ def to_wire(messages: list[Message]) -> list[dict[str, Any]]:
         elif role == "assistant":
             calls = message.get("tool_calls") or []
             wire: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+            opaque = opaque_for(message, "openai", host) or {}
+            found_extras, found_calls = opaque.get("message"), opaque.get("tool_calls")
+            extras: dict[str, Any] = found_extras if isinstance(found_extras, dict) else {}
+            call_extras: list[Any] = found_calls if isinstance(found_calls, list) else []
+            wire.update({k: v for k, v in extras.items() if k in OPAQUE_MESSAGE_FIELDS})
             if calls:
-                wire["tool_calls"] = [
-                    {
+                wire["tool_calls"] = []
+                for index, call in enumerate(calls):
+                    wire_call = {
                         "id": call["id"],
                         "type": "function",
                         "function": {"name": call["name"], "arguments": _dumps(call.get("args") or {})},
                     }
-                    for call in calls
-                ]
+                    extra = call_extras[index] if index < len(call_extras) else None
+                    if isinstance(extra, dict):
+                        wire_call.update({k: v for k, v in extra.items() if k in OPAQUE_CALL_FIELDS})
+                    wire["tool_calls"].append(wire_call)
             elif wire["content"] is None:
                 wire["content"] = ""  # content may be null only beside tool calls
             out.append(wire)
@@ -167,23 +184,54 @@ def _call_from_wire(index: int, raw: Any) -> dict[str, Any]:
     return call
 
 
-def from_wire(data: dict[str, Any]) -> Completion:
+def from_wire(data: dict[str, Any], host: str = "") -> Completion:
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise ProviderError("openai", f"the response has no choices: {json.dumps(data)[:300]}")
     message = choices[0].get("message")
     if not isinstance(message, dict):
         raise ProviderError("openai", "the response's first choice has no message")
+    finish = choices[0].get("finish_reason")
+    reason = f'finish_reason "{finish}"'
     content = message.get("content")
-    if content is None and message.get("refusal"):
+    refused = content is None and bool(message.get("refusal"))
+    if refused:
         content = message["refusal"]
     if content is not None and not isinstance(content, str):
         content = _dumps(content)
-    calls = [_call_from_wire(i, raw) for i, raw in enumerate(message.get("tool_calls") or [])]
+    found_calls = message.get("tool_calls")
+    raw_calls: list[Any] = found_calls if isinstance(found_calls, list) else []
+    calls = [_call_from_wire(i, raw) for i, raw in enumerate(raw_calls)]
+    if finish == "length":
+        stops.mark_calls(calls, stops.cut_off_call(reason))
+        if not content and not calls:
+            raise stops.cut_off_empty("openai", reason, 'max_completion_tokens (extra_body) or the server\'s limit')
+    elif finish == "content_filter":
+        # A filtered reply may have lost the end of a call as well.
+        stops.mark_calls(calls, f"not run: the provider's content filter stopped the reply ({reason})")
+        if not content and not calls:
+            raise stops.filtered_empty("openai", reason)
     raw_usage = data.get("usage")
     usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    neutral = assistant(content, calls)
+    if refused:
+        neutral["stop_reason"] = "refusal"
+    elif finish not in (None, "stop", "tool_calls", "function_call"):
+        neutral["stop_reason"] = str(finish)
+    kept = {k: message[k] for k in OPAQUE_MESSAGE_FIELDS if message.get(k) is not None}
+    kept_calls = [
+        {k: raw[k] for k in OPAQUE_CALL_FIELDS if isinstance(raw, dict) and raw.get(k) is not None}
+        for raw in raw_calls
+    ]
+    if kept or any(kept_calls):
+        opaque: dict[str, Any] = {"provider": "openai", "host": host}
+        if kept:
+            opaque["message"] = kept
+        if any(kept_calls):
+            opaque["tool_calls"] = kept_calls
+        neutral["opaque"] = opaque
     return Completion(
-        message=assistant(content, calls),
+        message=neutral,
         usage={
             "input_tokens": int(usage.get("prompt_tokens") or 0),
             "output_tokens": int(usage.get("completion_tokens") or 0),

@@ -7,6 +7,7 @@ model; ``ApprovalRequired`` and ``SecurityError`` propagate to the loop.
 from __future__ import annotations
 
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -136,15 +137,7 @@ class Tool:
                 f"{self.name}: its input schema cannot be checked: it refers to {exc.ref!r}, which is never fetched"
             ) from exc
         if problems:
-            first = problems[0]
-            where = ".".join(str(p) for p in first.path) or "arguments"
-            if first.validator == "required":
-                missing = [r for r in first.validator_value if r not in args]
-                raise ToolArgumentError(f"{self.name}: missing required argument {', '.join(missing)!s}")
-            if first.validator == "additionalProperties":
-                extra = sorted(set(args) - set(self.parameters.get("properties", {})))
-                raise ToolArgumentError(f"{self.name}: unexpected argument {', '.join(extra)}")
-            raise ToolArgumentError(f"{self.name}: argument {where}: {first.message}")
+            raise ToolArgumentError(f"{self.name}: {argument_problem(problems[0])}")
         return args
 
     def detail(self, args: dict[str, Any]) -> Any:
@@ -178,6 +171,35 @@ class Tool:
         except Exception as exc:  # a tool bug or an OS error must not kill the run
             return error(f"{self.name} failed: {type(exc).__name__}: {exc}")
         return normalise_result(result)
+
+
+def argument_path(path: Any) -> str:
+    """``observations[0].contents``: the place of a value inside the arguments, as a person writes it."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def argument_problem(problem: Any) -> str:
+    """One jsonschema error in words that name the nested field, not the top-level ones."""
+    where = argument_path(problem.absolute_path)
+    prefix = f"{where}." if where else ""
+    instance = problem.instance
+    if problem.validator == "required" and isinstance(instance, dict):
+        missing = [str(r) for r in problem.validator_value if r not in instance]
+        return f"missing required argument {', '.join(prefix + m for m in missing)}"
+    if problem.validator == "additionalProperties" and isinstance(instance, dict):
+        schema = problem.schema if isinstance(problem.schema, dict) else {}
+        known = set(schema.get("properties") or {})
+        patterns = [re.compile(p) for p in schema.get("patternProperties") or {}]
+        extra = sorted(str(k) for k in instance if k not in known and not any(p.search(str(k)) for p in patterns))
+        if extra:
+            return f"unexpected argument {', '.join(prefix + e for e in extra)}"
+    return f"argument {where or 'arguments'}: {problem.message}"
 
 
 def normalise_result(result: Any) -> ToolResult:
