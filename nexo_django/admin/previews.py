@@ -169,7 +169,10 @@ def call_preview(run: AgentRun, call: ToolCall) -> CallPreview:
         return CallPreview(f"unknown: the agent cannot be rebuilt ({type(exc).__name__}: {exc})", "unavailable")
     try:
         if call.capability != "write" or call.name != "write":
-            return CallPreview(describe_workspace(agent.workspace))
+            preview = CallPreview(describe_workspace(agent.workspace))
+            if call.capability == "shell":
+                preview.confinement = describe_confinement(agent.workspace)
+            return preview
         if "args" in call.get_deferred_fields():
             # The page that loaded the arguments by size says it; else the database is asked.
             size = getattr(call, "nexo_args_size", None) or loading.json_size(ToolCall, call.pk, "args")
@@ -182,9 +185,6 @@ def call_preview(run: AgentRun, call: ToolCall) -> CallPreview:
                 ])
         if isinstance(call.args, dict):
             return write_diff(agent.workspace, call.args.get("path"), call.args.get("content"))
-        preview = CallPreview(describe_workspace(agent.workspace))
-        if call.capability == "shell":
-            preview.confinement = describe_confinement(agent.workspace)
-        return preview
+        return CallPreview(describe_workspace(agent.workspace))
     finally:
         agent.close()
