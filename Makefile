@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest matrix bench serve clean venv
+.PHONY: demo test lint typecheck pytest postgres matrix bench serve clean venv
 
 $(STAMP): pyproject.toml
 	@python=$$(scripts/find-python) || exit 1; \
@@ -31,19 +31,31 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 RESULTS := .test-results
+JOBS ?= 2
+# The whole suite on SQLite, in two processes (pytest-xdist, one file each at a time): much of it
+# waits on servers, workers and browsers, and CI has two cores.
+SQLITE_RUN = $(PY) -m pytest -n $(JOBS) --dist loadfile --cov=nexo_django --cov-report= --junitxml=$(RESULTS)/sqlite.xml $(PYTEST_ARGS)
+VERSIONS = $(PY) -c "import django, sys; print('main cell: Python', sys.version.split()[0], 'Django', django.__version__)"
+MIGRATIONS_CHECK = $(PY) -m django makemigrations --check --dry-run --settings=tests.settings nexo_django
+COVERAGE_REPORT = $(PY) -m coverage report --sort=cover --skip-covered | tail -n 12
 PREPARED_TESTS := tests/durable/test_sql.py tests/durable/test_run_queries.py tests/durable/test_runs.py \
   tests/durable/test_concurrency.py tests/test_storable.py tests/admin/test_admin_decision.py
 
 # The whole suite on SQLite, then the durable tests again on a PostgreSQL the script starts.
 pytest: $(STAMP)
 	@mkdir -p $(RESULTS)
-	$(PY) -m django makemigrations --check --dry-run --settings=tests.settings nexo_django
-	@$(PY) -c "import django, sys; print('main cell: Python', sys.version.split()[0], 'Django', django.__version__)"
-	$(PY) -m coverage run -m pytest --junitxml=$(RESULTS)/sqlite.xml $(PYTEST_ARGS)
-	$(PY) -m coverage report --sort=cover --skip-covered | tail -n 12
+	$(MIGRATIONS_CHECK)
+	@$(VERSIONS)
+	$(SQLITE_RUN)
+	$(COVERAGE_REPORT)
+	$(MAKE) --no-print-directory postgres
+
+# The durable tests again on a PostgreSQL the script starts, then the statements' own tests once
+# more with prepared statements (docs/deployment.md): what preparing can change is how each
+# statement is sent.
+postgres: $(STAMP)
+	@mkdir -p $(RESULTS)
 	WITH_POSTGRES_PYTHON=$(PY) scripts/with-postgres $(PY) -m pytest -m durable --junitxml=$(RESULTS)/postgres.xml $(PYTEST_ARGS)
-	# ... and once more with prepared statements (docs/deployment.md): every statement prepared. The
-	# tests of the statements themselves: what preparing can change is how each one is sent.
 	WITH_POSTGRES_PYTHON=$(PY) WITH_POSTGRES_URL_OPTIONS="server_side_binding=true&prepare_threshold=1" \
 	  scripts/with-postgres $(PY) -m pytest -m durable --junitxml=$(RESULTS)/postgres-prepared.xml \
 	  $(or $(PYTEST_ARGS),$(PREPARED_TESTS))
@@ -57,8 +69,14 @@ matrix: $(STAMP)
 test: lint typecheck
 	@rm -rf $(RESULTS); mkdir -p $(RESULTS)
 	@status=0; \
-	  $(MAKE) --no-print-directory pytest || status=1; \
-	  $(MAKE) --no-print-directory matrix || status=1; \
+	  $(MIGRATIONS_CHECK) || status=1; \
+	  $(VERSIONS); \
+	  $(SQLITE_RUN) || status=1; \
+	  $(COVERAGE_REPORT); \
+	  echo "the matrix runs beside the PostgreSQL passes; its lines follow them"; \
+	  MATRIX_RESULTS=$(RESULTS) scripts/matrix > $(RESULTS)/matrix.log 2>&1 & matrix=$$!; \
+	  $(MAKE) --no-print-directory postgres || status=1; \
+	  wait $$matrix || status=1; cat $(RESULTS)/matrix.log; \
 	  echo; echo "every pytest run of make test:"; scripts/total $(RESULTS) || status=1; \
 	  exit $$status
 
