@@ -286,9 +286,15 @@ class ToolCall(models.Model):
 
     def approve(
         self, *, by: Any = None, note: str = "", args: dict[str, Any] | None = None,
-        digest: str | None = None, source: str = "api",
+        digest: str | None = None, source: str = "api", file_version: str | None = None,
     ) -> Decision:
-        return operations().decide(self, approved=True, by=by, note=note, args=args, digest=digest, source=source)
+        """``file_version``: the version of the call's file that the approver was shown (``""``:
+        no file): the write then runs without a read first, and only while the file is still
+        that version."""
+        return operations().decide(
+            self, approved=True, by=by, note=note, args=args, digest=digest, source=source,
+            file_version=file_version,
+        )
 
     def deny(
         self, *, by: Any = None, note: str = "", stop: bool = False, digest: str | None = None,
@@ -316,6 +322,9 @@ class Decision(models.Model):
     )
     decided_at = models.DateTimeField(auto_now_add=True)
     source = models.CharField(max_length=20, default="api")
+    #: The version of the call's file the approver was shown ("": there was no file), bound to
+    #: the approval: the write runs only while the file is still that version.
+    file_version = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001 - None: none shown
 
     class Meta:
         ordering = ["decided_at", "id"]

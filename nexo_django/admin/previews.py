@@ -28,6 +28,9 @@ class CallPreview:
     kind: str = ""  # "new" | "changed" | "unchanged" | "unavailable" | "" (not a write)
     diff: list[tuple[str, SafeString]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was capped, why nothing is shown
+    #: the version of the file the diff was made from ("": no file), None when nothing was read;
+    #: the page posts it with Approve, binding the approval to it
+    version: str | None = None
 
 
 def describe_workspace(sandbox: Sandbox) -> str:
@@ -64,7 +67,7 @@ def write_diff(sandbox: Sandbox, path: Any, content: Any) -> CallPreview:
     try:
         current = sandbox.read(path, DIFF_MAX_BYTES)
     except FileNotFoundError:
-        preview.kind, old, old_name = "new", "", "/dev/null"
+        preview.kind, old, old_name, preview.version = "new", "", "/dev/null", ""
     except (SecurityError, OSError, NexoError) as exc:
         preview.kind = "unavailable"
         preview.notes.append(f"The current file cannot be read: {exc}")
@@ -75,7 +78,7 @@ def write_diff(sandbox: Sandbox, path: Any, content: Any) -> CallPreview:
                 f"The current file is {current.size:,} bytes: only the first {DIFF_MAX_BYTES // 1024} KiB are compared."
             )
         old = _text(current.data, "The current file", preview.notes)
-        preview.kind = "changed"
+        preview.kind, preview.version = "changed", current.version
     new = _capped(content, "The proposed content", preview.notes)
     lines = list(difflib.unified_diff(old.splitlines(), new.splitlines(), old_name, path, lineterm="", n=3))
     if preview.kind == "changed" and not lines:

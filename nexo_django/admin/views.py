@@ -40,7 +40,15 @@ from ..display import (
 from ..durable import runs
 from ..models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
 from .base import NexoModelAdmin
-from .forms import APPROVE, APPROVE_EDITED, BACK, DENY_STOP, REVIEW_EDIT, BulkDenyForm
+from .forms import (
+    APPROVE,
+    APPROVE_EDITED,
+    BACK,
+    DENY_STOP,
+    REVIEW_EDIT,
+    BulkDenyForm,
+    encode_file_version,
+)
 
 #: the inbox's and the run page's admins (``nexo_django.admin``), which import this module:
 #: named by their base here, with the hooks of their own reached as ``Any``
@@ -170,6 +178,10 @@ def _decision_page(
         {"url": model_admin.call_url(c.pk), "name": reveal(c.name), "preview": preview(c.args)}
         for c in model_admin.get_other_pending(request, call)
     ]
+    call_preview = model_admin.get_call_preview(request, call)
+    if not form.is_bound:
+        # Approve is bound to the file version this page's diff was made from.
+        form.initial["file_version"] = encode_file_version(call_preview.version)
     context = {
         **_base_context(model_admin, request, mark_hidden(f"Decide: {call.name} in {run.agent_name} run {str(run.pk)[:8]}"), call),
         "call": call,
@@ -182,7 +194,7 @@ def _decision_page(
         "args_html": reveal_json(call.args),
         "hidden_count": count_hidden(pretty_json(call.args), keep="\n"),
         "long_strings": long_strings(call.args),
-        "preview": model_admin.get_call_preview(request, call),
+        "preview": call_preview,
         "form": form,
         "editing": editing,
         "other_pending": other,
@@ -223,6 +235,7 @@ def _decide(
             call, approved=approved, by=request.user, note=data.get("note", ""),
             args=data.get("args") if action == APPROVE_EDITED else None,
             stop=action == DENY_STOP, digest=data["digest"], source="admin",
+            file_version=data.get("shown_version") if action == APPROVE else None,
         )
     except AlreadyDecided as exc:
         messages.warning(request, f"Nothing changed: {mark_hidden(exc)}.")

@@ -47,6 +47,8 @@ class CallDecision:
     note: str = ""
     args: dict[str, Any] | None = None  # edited arguments, if any
     stop: bool = False  # deny and stop the run
+    #: the version of the call's file the approver was shown ("": no file), None if none was
+    version: str | None = None
 
     def verdict(self) -> Verdict:
         return Verdict(self.approved, self.note)
@@ -434,7 +436,10 @@ class Agent:
             else:
                 proposed = decision.args if decision is not None and decision.args is not None else call.get("args")
                 gate = self.gate.with_decision(decision.verdict()) if decision is not None else self.gate
-                ctx = dataclasses.replace(base, permissions=gate, call_id=call["id"])
+                # The version the approver saw is bound to the arguments shown with it, not to
+                # arguments edited on another page.
+                shown = decision.version if decision is not None and decision.approved and decision.args is None else None
+                ctx = dataclasses.replace(base, permissions=gate, call_id=call["id"], approved_version=shown)
                 try:
                     args = tool.validate(proposed)
                     tool.gate(args, ctx)

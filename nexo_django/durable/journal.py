@@ -305,7 +305,7 @@ class DbJournal(Journal):
         decision = getattr(row, "decision", None)
         if decision is None:
             return None
-        return CallDecision(decision.approved, decision.note, decision.args, decision.stop)
+        return CallDecision(decision.approved, decision.note, decision.args, decision.stop, decision.file_version)
 
     def _same_call(self, row: ToolCall, call: dict[str, Any]) -> bool:
         """Whether ``row`` was stored for ``call``: same name, and a digest of its arguments as the

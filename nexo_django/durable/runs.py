@@ -337,13 +337,29 @@ def check_edited_args(run: AgentRun, call: ToolCall, args: Any) -> None:
         agent.close()
 
 
+def check_file_version(call: ToolCall, *, approved: bool, args: Any, file_version: str | None) -> None:
+    if file_version is None:
+        return
+    if not approved or args is not None:
+        raise InvalidEditedArguments(
+            "a file version goes with a plain approval (the arguments the page showed), not with a "
+            "denial or edited arguments"
+        )
+    if call.capability != "write":
+        raise InvalidEditedArguments(f"a file version goes with a write, and {call.name} is not one")
+    if not isinstance(file_version, str) or len(file_version) > 128:
+        raise InvalidEditedArguments("a file version is the version string the page showed (at most 128 characters)")
+
+
 def decide(
     call: ToolCall, *, approved: bool, by: Any = None, note: str = "", args: dict[str, Any] | None = None,
-    stop: bool = False, digest: str | None = None, source: str = "api",
+    stop: bool = False, digest: str | None = None, source: str = "api", file_version: str | None = None,
 ) -> Decision:
-    """Record one decision, exactly once, and wake the run when it was the last pending call."""
+    """Record one decision, exactly once, and wake the run when it was the last pending call.
+    ``file_version`` binds an approval of a ``write`` to the file version the approver saw."""
     if args is not None and not approved:
         raise InvalidEditedArguments("edited arguments go with an approval, not a denial")
+    check_file_version(call, approved=approved, args=args, file_version=file_version)
     gone = f"run {call.run_id} of {call.name} call {call.tool_call_id} no longer exists"
     if args is not None:
         run = sql.get(AgentRun, id=call.run_id)
@@ -364,7 +380,7 @@ def decide(
     decision = Decision(
         tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
         digest=args_digest(args) if args is not None else call.digest,
-        decided_by=_user(by), source=source,
+        decided_by=_user(by), source=source, file_version=file_version,
     )
     batch.create([decision])
     event = {"call": call.tool_call_id, "verdict": str(verdict), "edited": args is not None,
