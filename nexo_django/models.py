@@ -157,7 +157,8 @@ class AgentRun(models.Model):
         return operations().cancel_run(self, by=by, reason=reason)
 
     def retry(self, *, by: Any = None) -> bool:
-        """Queue a ``needs_attention`` run again once its unknown calls were resolved."""
+        """Queue a ``needs_attention`` run again once its unknown calls were resolved, or take a
+        ``failed`` run back up where it stopped (nothing that ran runs again)."""
         return operations().retry_run(self, by=by)
 
 

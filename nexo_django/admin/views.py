@@ -361,7 +361,7 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         "calls": [_call_row(model_admin, c) for c in calls],
         "has_unknown": any(c.status == CallStatus.OUTCOME_UNKNOWN for c in calls),
         "can_cancel": not run.is_terminal,
-        "can_retry": run.status == RunStatus.NEEDS_ATTENTION,
+        "can_retry": run.status in (RunStatus.NEEDS_ATTENTION, RunStatus.FAILED),
         "queue_warning": model_admin.get_queue_warning(request, run),
         "events": [{"seq": e.id, "type": e.type, "data": reveal_json(e.data), "at": e.created_at} for e in events],
         "events_hidden": events_total - len(events),
@@ -408,7 +408,7 @@ def _run_action(model_admin: AgentRunAdmin, request: HttpRequest, run: AgentRun)
                 raise TransitionError(f"run {str(run.pk)[:8]} is {run.status} and cannot be cancelled")
         elif action == "retry":
             if not runs.retry_run(run, by=request.user):
-                raise TransitionError(f"run {str(run.pk)[:8]} is {run.status}, not needs_attention")
+                raise TransitionError(f"run {str(run.pk)[:8]} is {run.status}, not needs_attention or failed")
         else:
             call = ToolCall.objects.filter(run=run, pk=request.POST.get("call") or 0).first()
             if call is None:

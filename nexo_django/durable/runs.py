@@ -20,6 +20,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from ..conf import nexo_settings
+from ..core.agent import open_calls
 from ..core.errors import (
     AlreadyDecided,
     ConfigurationError,
@@ -67,7 +68,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     RunStatus.SUSPENDED: frozenset({RunStatus.QUEUED, RunStatus.CANCELLED, RunStatus.FAILED}),
     RunStatus.NEEDS_ATTENTION: frozenset({RunStatus.QUEUED, RunStatus.CANCELLED, RunStatus.FAILED}),
     RunStatus.DONE: frozenset(),
-    RunStatus.FAILED: frozenset(),
+    # A person takes a failed run back up where it stopped (retry_run).
+    RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
     RunStatus.CANCELLED: frozenset(),
 }
 
@@ -482,11 +484,38 @@ def retry_run(run: AgentRun, *, by: Any = None) -> bool:
                 "(tool_call.resolve_unknown(rerun=...))"
             )
         current = AgentRun.objects.get(pk=run.pk)
-        woke = wake(current, RunStatus.NEEDS_ATTENTION)
+        if current.status == RunStatus.FAILED:
+            woke = retry_failed(current)
+        else:
+            woke = wake(current, RunStatus.NEEDS_ATTENTION)
         if woke:
             _event(run.pk, "retried", by=str(_user(by) or ""))
     run.refresh_from_db()
     return woke
+
+
+def retry_failed(run: AgentRun) -> bool:
+    """Queue a ``failed`` run again, from its last committed turn: its transcript holds every
+    result that was recorded, so nothing that ran runs again and the model is asked only for the
+    turn that failed. A call that failed the run (refused loudly) gets its recorded error as its
+    result, so it is not run a second time either."""
+    if not transition(run, RunStatus.FAILED, RunStatus.QUEUED, generation=F("generation") + 1, lease_owner=None,
+                      lease_expires_at=None, finished_at=None, error="", recoveries=0):
+        return False
+    messages = [m.data for m in RunMessage.objects.filter(run_id=run.pk).order_by("seq")]
+    open_ids = [c["id"] for c in open_calls(messages)]
+    failed = ToolCall.objects.filter(run_id=run.pk, tool_call_id__in=open_ids, status=CallStatus.FAILED)
+    seq = len(messages)
+    for call in failed.order_by("created_at", "id"):
+        result = call.result if isinstance(call.result, dict) and "error" in call.result else {"error": f"{call.name} failed"}
+        RunMessage.objects.create(
+            run_id=run.pk, seq=seq, role="tool",
+            data={"role": "tool", "tool_call_id": call.tool_call_id, "name": call.name, "content": result},
+        )
+        seq += 1
+    run.generation += 1
+    dispatch.enqueue_run(run.pk, run.generation)
+    return True
 
 
 def resolve_unknown(call: ToolCall, *, by: Any = None, rerun: bool, note: str = "") -> None:
