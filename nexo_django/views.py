@@ -53,6 +53,37 @@ def inbox_url(call: ToolCall) -> str | None:
     return None
 
 
+#: Admin page where a person settles a run that needs attention.
+RUN_ADMIN_URL_NAME = "admin:nexo_django_agentrun_change"
+
+#: What a person who started a run reads about it when it did not go well: the run's state in
+#: plain words. The error itself (a URL, a Redis address, a traceback's last line) and the
+#: commands that fix things are the operator's: staff see them (see :func:`shows_operator_details`).
+PLAIN_ERRORS: dict[str, str] = {
+    RunStatus.FAILED: "This run stopped because of an error. The people who run this service can see what went wrong.",
+    RunStatus.NEEDS_ATTENTION: "This run waits for a person to look at it before it can go on.",
+}
+
+
+def shows_operator_details(user: Any) -> bool:
+    """Whether ``user`` sees the operator's detail (errors, queue warnings, the fix): staff."""
+    return bool(user is not None and getattr(user, "is_staff", False) and user.is_active)
+
+
+def run_admin_url(run: AgentRun) -> str | None:
+    try:
+        return reverse(RUN_ADMIN_URL_NAME, args=[run.pk])
+    except NoReverseMatch:
+        return None
+
+
+def public_error(run: AgentRun) -> str:
+    """The run's error as its starter reads it: the reason of a cancel, or plain words."""
+    if not run.error:
+        return ""
+    return PLAIN_ERRORS.get(run.status, run.error if run.status == RunStatus.CANCELLED else "")
+
+
 def visible(text: str) -> str:
     """Plain text (a terminal, a log) with invisible and bidi characters written as ⟦U+XXXX⟧;
     HTML pages use :func:`nexo_django.display.reveal`, which also escapes."""
@@ -70,8 +101,9 @@ def transcript_entries(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return entries
 
 
-def run_status(run: AgentRun) -> dict[str, Any]:
-    """What the JSON status endpoint answers; ``version`` changes whenever the page would."""
+def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
+    """What the JSON status endpoint answers; ``version`` changes whenever the page would. With
+    ``operator`` false, the error is in plain words (:func:`public_error`)."""
     pending = list(run.pending_calls())
     messages = run.messages.count()
     return {
@@ -82,7 +114,7 @@ def run_status(run: AgentRun) -> dict[str, Any]:
         "active": run.status in ACTIVE_RUN_STATUSES,
         "terminal": run.is_terminal,
         "result": run.result,
-        "error": run.error,
+        "error": run.error if operator else public_error(run),
         "messages": messages,
         "pending": [
             {"id": c.pk, "tool_call_id": c.tool_call_id, "name": c.name, "capability": c.capability,
@@ -125,15 +157,27 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
         warning = queue_warning(run=run) if run.status == RunStatus.QUEUED else None
         return str(warning) if warning is not None else None
 
+    def get_shows_operator_details(self) -> bool:
+        """Staff see the operator's detail (the error, the queue warning and its fix); the
+        person who started the run sees its state in plain words."""
+        return shows_operator_details(self.request.user)
+
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
         run: AgentRun = self.object
-        status = run_status(run)
+        operator = self.get_shows_operator_details()
+        status = run_status(run, operator=operator)
         context["status"] = status
+        context["operator"] = operator
         context["result"] = reveal(run.result or "")
-        context["error"] = reveal(run.error or "")
+        context["error"] = reveal(status["error"] or "")
         context["transcript"] = transcript_entries(run.transcript())
-        context["queue_warning"] = self.get_queue_warning(run)
+        warning = self.get_queue_warning(run)
+        context["queue_warning"] = warning if operator else None
+        context["waiting_for_worker"] = warning is not None
+        context["attention_url"] = (
+            run_admin_url(run) if run.status == RunStatus.NEEDS_ATTENTION and operator else None
+        )
         context["pending"] = [
             {"call": c, "args": reveal_json(c.args), "texts": long_strings(c.args),
              "inbox_url": self.get_inbox_url(c)} for c in run.pending_calls()
@@ -159,4 +203,4 @@ class RunStatusView(View):
             run = get_object_or_404(self.get_queryset(), pk=pk)
         except Http404:
             return JsonResponse({"error": "no such run"}, status=404)
-        return JsonResponse(run_status(run))
+        return JsonResponse(run_status(run, operator=shows_operator_details(request.user)))

@@ -218,12 +218,19 @@ class PendingApprovalAdmin(NexoModelAdmin):
     @method_decorator(xframe_options_deny)
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         views.refuse_post_without_permission(self, request)
+        if request.method == "GET":
+            views.announce_needs_attention(self, request)
         response = super().changelist_view(request, extra_context)
         context = getattr(response, "context_data", None) or {}
         cl = context.get("cl")
         if cl is not None:
             context["title"] = f"Pending approvals ({cl.result_count} waiting)"
         return response
+
+    def get_needs_attention(self, request: HttpRequest) -> QuerySet[AgentRun]:
+        """Runs that wait for a person though no call of theirs is pending (a call whose outcome
+        a crash hid): the inbox lists them above the pending calls. Override to narrow."""
+        return AgentRun.objects.filter(status=RunStatus.NEEDS_ATTENTION).order_by("updated_at", "id")
 
     @method_decorator(xframe_options_deny)
     def change_view(

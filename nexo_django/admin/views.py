@@ -114,6 +114,32 @@ def transcript_context(model_admin: NexoModelAdmin, request: HttpRequest, run: A
     }
 
 
+#: Runs that need attention named at most on the inbox, the oldest first.
+NEEDS_ATTENTION_SHOWN = 10
+
+
+def announce_needs_attention(model_admin: PendingApprovalAdmin, request: HttpRequest) -> None:
+    """Above the inbox: each run that needs a person though it has no pending call, what to
+    decide, and the link to decide it (its run page: run the call again, or not)."""
+    found = list(model_admin.get_needs_attention(request)[: NEEDS_ATTENTION_SHOWN + 1])
+    if not found:
+        return
+    unknown: dict[Any, list[str]] = {}
+    for call in ToolCall.objects.filter(run_id__in=[r.pk for r in found], status=CallStatus.OUTCOME_UNKNOWN):
+        unknown.setdefault(call.run_id, []).append(f"{call.name} ({call.tool_call_id})")
+    for run in found[:NEEDS_ATTENTION_SHOWN]:
+        calls = unknown.get(run.pk)
+        what = (
+            f"decide whether {', '.join(calls)} runs again: its worker stopped while it ran"
+            if calls else "look at it: it stopped for a person"
+        )
+        messages.warning(request, format_html(
+            "{} run {} needs a person: {}.", mark_hidden(run.agent_name), model_admin.run_link(run.pk), mark_hidden(what),
+        ))
+    if len(found) > NEEDS_ATTENTION_SHOWN:
+        messages.warning(request, "More runs need a person: see the runs filtered by status “needs attention”.")
+
+
 # --- one call ------------------------------------------------------------------------------------
 
 

@@ -288,7 +288,8 @@ def _drive(
         _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
         return "failed"
     if outcome.kind == "done":
-        new, fields = RunStatus.DONE, {"result": outcome.content}
+        # A run that recovered (a retry, a settled unknown outcome) keeps no old error beside Done.
+        new, fields = RunStatus.DONE, {"result": outcome.content, "error": ""}
     elif outcome.kind == "stopped":
         new, fields = RunStatus.CANCELLED, {"error": "stopped by the approver"}
     else:
