@@ -37,8 +37,8 @@ from ..display import (
     reveal,
     reveal_json,
 )
-from ..durable import runs
-from ..models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
+from ..durable import dispatch, runs
+from ..models import AgentRun, CallStatus, Decision, RunStatus, ToolCall, args_digest
 from .base import NexoModelAdmin
 from .forms import (
     APPROVE,
@@ -78,13 +78,43 @@ def _changelist_url(model_admin: Any) -> str:
     return reverse(f"{model_admin.admin_site.name}:{opts.app_label}_{opts.model_name}_changelist")
 
 
-def where_it_went(model_admin: NexoModelAdmin, run_ids: list[Any]) -> SafeString:
+def _status_words(run: AgentRun, *, stopping: bool) -> str:
+    """What happens to the run next, as it is: a queued run whose job did not reach Redis waits
+    for the reconciler, and a run stopped by its approver is queued only to be closed."""
+    if run.status != RunStatus.QUEUED:
+        return STATUS_WORDS.get(run.status, run.status)
+    why = dispatch.unsent(run.pk)
+    if stopping:
+        if why:
+            return (f"stops: nothing more of it runs. Its job could not be sent to a worker ({why}); "
+                    "it is closed as cancelled when the reconciler (manage.py nexo_reconcile) sends it again")
+        return "stops: nothing more of it runs (a worker closes it as cancelled)"
+    if why:
+        return (f"is queued, but its job could not be sent to a worker ({why}): it continues when the "
+                "reconciler (manage.py nexo_reconcile) sends it again")
+    return STATUS_WORDS[RunStatus.QUEUED]
+
+
+def where_it_went(model_admin: NexoModelAdmin, run_ids: list[Any], *, stopping: bool = False) -> SafeString:
     """ "Run 1a2b3c4d is done." for each run, linked to the run's page."""
     found = AgentRun.objects.filter(pk__in=run_ids).only("id", "status", "agent")
     return format_html_join(
         " ", "{} run {} {}.",
-        ((run.agent_name, model_admin.run_link(run.pk), STATUS_WORDS.get(run.status, run.status)) for run in found),
+        ((run.agent_name, model_admin.run_link(run.pk), _status_words(run, stopping=stopping)) for run in found),
     )
+
+
+def who_decided(call: ToolCall) -> str:
+    """For an approver who lost a race: who decided the call, how and when (or what ended it)."""
+    decision = Decision.objects.filter(tool_call_id=call.pk).select_related("decided_by").first()
+    if decision is None:
+        current = ToolCall.objects.filter(pk=call.pk).values_list("status", flat=True).first()
+        return f"nobody decided it: its run ended first (the call is {current or 'gone'})"
+    by = str(decision.decided_by) if decision.decided_by_id else f"the system ({decision.source})"
+    how = str(decision.verdict) + (" with edited arguments" if decision.args is not None else "")
+    how += " and stopped the run" if decision.stop else ""
+    note = f', noting "{decision.note}"' if decision.note else ""
+    return f"{by} {how} it {timesince(decision.decided_at, depth=1)} ago{note}"
 
 
 def _base_context(model_admin: Any, request: HttpRequest, title: str, obj: Any = None) -> dict[str, Any]:
@@ -162,13 +192,28 @@ def _refuse(model_admin: Any, request: HttpRequest) -> HttpResponse | None:
     return None
 
 
+def _lost_race(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> str | None:
+    """For a decision posted on a call someone decided meanwhile: who, how and when."""
+    if request.method != "POST" or not model_admin.has_decide_permission(request):
+        return None
+    try:
+        call = ToolCall.objects.filter(pk=object_id).first()
+    except (ValueError, ValidationError):
+        return None
+    if call is None:
+        return None
+    return mark_hidden(f"{call.name} call {call.tool_call_id} is no longer waiting for a decision: {who_decided(call)}")
+
+
 def decision_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
     refused = _refuse(model_admin, request)
     if refused is not None:
         return refused
     call = _find_call(model_admin, request, object_id)
     if call is None:
-        messages.warning(request, "That call is no longer waiting for a decision (it was decided, or its run ended).")
+        decided = _lost_race(model_admin, request, object_id)
+        messages.warning(request, f"Nothing changed: {decided}." if decided else
+                         "That call is no longer waiting for a decision (it was decided, or its run ended).")
         return HttpResponseRedirect(_changelist_url(model_admin))
     form = None
     if request.method == "POST":
@@ -264,7 +309,7 @@ def _decide(
             file_version=data.get("shown_version") if action == APPROVE else None,
         )
     except AlreadyDecided as exc:
-        messages.warning(request, f"Nothing changed: {mark_hidden(exc)}.")
+        messages.warning(request, f"Nothing changed: {mark_hidden(exc)}: {mark_hidden(who_decided(call))}.")
         return HttpResponseRedirect(_changelist_url(model_admin))
     except (StaleDecision, InvalidEditedArguments) as exc:
         messages.error(request, f"Nothing changed: {mark_hidden(exc)}")
@@ -272,7 +317,7 @@ def _decide(
     verb = {APPROVE: "Approved", APPROVE_EDITED: "Approved with edited arguments", DENY_STOP: "Denied (run stopped)"}
     messages.success(request, format_html(
         "{} {} ({}). {}", verb.get(action, "Denied"), reveal(call.name), reveal(call.tool_call_id),
-        where_it_went(model_admin, [call.run_id]),
+        where_it_went(model_admin, [call.run_id], stopping=action == DENY_STOP),
     ))
     following = model_admin.get_other_pending(request, call).first()
     return HttpResponseRedirect(model_admin.call_url(following.pk) if following else _changelist_url(model_admin))

@@ -51,6 +51,18 @@ def enqueue_run(run_id: Any, generation: int) -> None:
     transaction.on_commit(lambda: send_or_log(str(run_id), generation))
 
 
+#: Runs whose last wake-up from this process could not be sent: run id -> why. A page that just
+#: woke a run says so instead of promising a worker (bounded: the oldest are dropped).
+_unsent: dict[str, str] = {}
+UNSENT_KEPT = 1000
+
+
+def unsent(run_id: Any) -> str | None:
+    """Why the last job this process sent for ``run_id`` did not reach Redis, or None if it did
+    (or none was sent)."""
+    return _unsent.get(str(run_id))
+
+
 def send_or_log(run_id: str, generation: int) -> bool:
     from redis.exceptions import RedisError
 
@@ -59,7 +71,11 @@ def send_or_log(run_id: str, generation: int) -> bool:
     except (RedisError, OSError) as exc:
         log.warning("run %s: its job could not be sent (%s: %s); the reconciler will send it again",
                     run_id, type(exc).__name__, exc)
+        if len(_unsent) >= UNSENT_KEPT:
+            _unsent.pop(next(iter(_unsent)), None)
+        _unsent[run_id] = f"{type(exc).__name__}: {exc}"
         return False
+    _unsent.pop(run_id, None)
     return True
 
 
