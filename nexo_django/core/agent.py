@@ -27,6 +27,7 @@ from .errors import (
     MaxTurnsExceeded,
     PendingCall,
     SecurityError,
+    TokenBudgetExceeded,
     ToolArgumentError,
 )
 from .llm import resolve_model
@@ -174,6 +175,16 @@ def open_calls(messages: list[Message]) -> list[dict[str, Any]]:
     return []
 
 
+def tokens_spent(messages: list[Message]) -> int:
+    """Input and output tokens of every model turn in the transcript (each reply keeps its usage)."""
+    total = 0
+    for m in messages:
+        usage = m.get("usage") if m.get("role") == "assistant" else None
+        if isinstance(usage, dict):
+            total += sum(v for k, v in usage.items() if k in ("input_tokens", "output_tokens") and isinstance(v, int))
+    return total
+
+
 def _seen_versions(messages: list[Message]) -> dict[str, str]:
     """Rebuild read-before-write state from the transcript, so a resumed run keeps it."""
     seen: dict[str, str] = {}
@@ -214,6 +225,8 @@ class Agent:
     fetch_allow: ClassVar[list[str]] = []
     search_backend: ClassVar[Any] = None
     max_turns: ClassVar[int] = 25
+    #: tokens (input + output, as the provider reports them) the whole run may spend; None: no cap
+    max_tokens: ClassVar[int | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -400,6 +413,14 @@ class Agent:
             raise MaxTurnsExceeded(
                 f"{type(self).__name__} used its {type(self).max_turns} turns (max_turns) without a final answer"
             )
+        budget = type(self).max_tokens
+        if budget is not None:
+            spent = tokens_spent(journal.messages)
+            if spent >= budget:
+                raise TokenBudgetExceeded(
+                    f"{type(self).__name__} spent {spent} of its {budget} tokens (max_tokens) without a "
+                    "final answer; raise max_tokens or narrow the prompt"
+                )
         specs = [t.spec() for t in self.toolset().values()]
         journal.before_model()
         journal.emit("model_request", {"turn": turn, "messages": len(journal.messages), "tools": len(specs)})
