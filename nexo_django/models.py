@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import models, router
 from django.db.models.query import MAX_GET_RESULTS
@@ -142,6 +143,10 @@ class AgentRun(models.Model):
         """The run's calls waiting for a decision, oldest first: a queryset like
         ``self.tool_calls.filter(status=...)`` (``ToolCall``'s ordering is ``created_at, id``)."""
         return ToolCall.objects.pending_of(self)
+
+    async def apending_calls(self) -> list[ToolCall]:
+        """``pending_calls()`` for async views, read in Django's sync thread: a list."""
+        return await sync_to_async(lambda: list(self.pending_calls()))()
 
     def refresh_from_db(self, using: str | None = None, fields: Any = None, from_queryset: Any = None) -> None:
         _refresh(self, using, fields, from_queryset)
