@@ -126,6 +126,9 @@ class AgentRun(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="nexo_run_status_lease"),
             models.Index(fields=["status", "updated_at"], name="nexo_run_status_updated"),
             models.Index(fields=["agent", "created_at"], name="nexo_run_agent_created"),
+            # The run lists (newest first): everyone's, and each user's own (/runs/, the admin).
+            models.Index(fields=["created_at"], name="nexo_run_created"),
+            models.Index(fields=["created_by", "created_at"], name="nexo_run_by_created"),
         ]
 
     def __str__(self) -> str:

@@ -1,4 +1,5 @@
-"""What operating it asked for: the file version an approval of a ``write`` is bound to."""
+"""What operating it asked for: the file version an approval of a ``write`` is bound to, and the
+indexes the run lists order and filter by (newest first; a user's own runs)."""
 
 from __future__ import annotations
 
@@ -13,5 +14,13 @@ class Migration(migrations.Migration):
             model_name="decision",
             name="file_version",
             field=models.CharField(blank=True, max_length=128, null=True),
+        ),
+        migrations.AddIndex(
+            model_name="agentrun",
+            index=models.Index(fields=["created_at"], name="nexo_run_created"),
+        ),
+        migrations.AddIndex(
+            model_name="agentrun",
+            index=models.Index(fields=["created_by", "created_at"], name="nexo_run_by_created"),
         ),
     ]
