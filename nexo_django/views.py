@@ -13,7 +13,14 @@ from typing import Any
 
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseForbidden,
+    HttpResponseRedirect,
+    JsonResponse,
+)
 from django.shortcuts import get_object_or_404
 from django.urls import NoReverseMatch, reverse
 from django.utils.decorators import method_decorator
@@ -22,6 +29,7 @@ from django.views.decorators.cache import never_cache
 from django.views.generic import DetailView, ListView
 
 from .display import is_hidden, long_strings, message_view, reveal, reveal_json
+from .durable import runs
 from .durable.queue_health import queue_warning
 from .models import ACTIVE_RUN_STATUSES, AgentRun, RunStatus, ToolCall
 
@@ -162,9 +170,24 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
         person who started the run sees its state in plain words."""
         return shows_operator_details(self.request.user)
 
+    def may_cancel(self, run: AgentRun) -> bool:
+        """The person who started the run may cancel it while it can still change (staff cancel
+        in the admin)."""
+        user = self.request.user
+        return not run.is_terminal and run.created_by_id is not None and run.created_by_id == user.pk
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        """Cancel the user's own run (a CSRF-protected POST, like every form of the site)."""
+        run: AgentRun = self.get_object()
+        if request.POST.get("action") != "cancel" or not self.may_cancel(run):
+            return HttpResponseForbidden("You can cancel only a run of your own that has not finished.")
+        runs.cancel_run(run, by=request.user, reason=f"cancelled by {request.user} on the run's page")
+        return HttpResponseRedirect(reverse("nexo_django:run_detail", args=[run.pk]))
+
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
         run: AgentRun = self.object
+        context["can_cancel"] = self.may_cancel(run)
         operator = self.get_shows_operator_details()
         status = run_status(run, operator=operator)
         context["status"] = status
