@@ -9,6 +9,7 @@ project's own templates folder.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib.auth.mixins import LoginRequiredMixin
@@ -26,12 +27,14 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.generic import DetailView, ListView
 
+from .core.errors import AlreadyDecided, StaleDecision
 from .display import is_hidden, long_strings, message_view, reveal, reveal_json
 from .durable import runs
 from .durable.queue_health import queue_warning
-from .models import ACTIVE_RUN_STATUSES, AgentRun, RunStatus, ToolCall
+from .models import ACTIVE_RUN_STATUSES, AgentRun, RunEvent, RunStatus, ToolCall
 
 #: Permissions that let a user see every run, not only the runs they started.
 SEE_ALL_PERMISSIONS = ("nexo_django.view_agentrun", "nexo_django.decide_toolcall")
@@ -126,7 +129,7 @@ def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
         "messages": messages,
         "pending": [
             {"id": c.pk, "tool_call_id": c.tool_call_id, "name": c.name, "capability": c.capability,
-             "inbox_url": inbox_url(c)}
+             "digest": c.digest, "inbox_url": inbox_url(c)}
             for c in pending
         ],
         "updated_at": run.updated_at.isoformat(),
@@ -215,8 +218,10 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
 
 
 @method_decorator(never_cache, name="dispatch")
+@method_decorator(ensure_csrf_cookie, name="dispatch")
 class RunStatusView(View):
-    """JSON for the run's page to poll. A run the user may not see is a 404, as if absent."""
+    """JSON for the run's page to poll. A run the user may not see is a 404, as if absent. It
+    sets the CSRF cookie, so a front end that reads it can POST a decision next."""
 
     def get_queryset(self) -> QuerySet[AgentRun]:
         return visible_runs(self.request.user)
@@ -227,3 +232,60 @@ class RunStatusView(View):
         except Http404:
             return JsonResponse({"error": "no such run"}, status=404)
         return JsonResponse(run_status(run, operator=shows_operator_details(request.user)))
+
+
+#: Events one GET of :class:`RunEventsView` returns at most; ``?after=<id>`` pages on.
+EVENTS_PAGE = 200
+
+
+@method_decorator(never_cache, name="dispatch")
+class RunEventsView(View):
+    """JSON: the run's events after ``?after=<id>`` (oldest first, at most :data:`EVENTS_PAGE`),
+    for single-page and mobile front ends. Session auth; a run the user may not see is a 404."""
+
+    def get(self, request: HttpRequest, pk: Any) -> JsonResponse:
+        run = visible_runs(request.user).filter(pk=pk).first()
+        if run is None:
+            return JsonResponse({"error": "no such run"}, status=404)
+        try:
+            after = int(request.GET.get("after") or 0)
+        except ValueError:
+            return JsonResponse({"error": "after must be an event id (a whole number)"}, status=400)
+        rows = list(RunEvent.objects.filter(run=run, id__gt=after).order_by("id")[: EVENTS_PAGE + 1])
+        events = [{"id": e.id, "type": e.type, "data": e.data, "at": e.created_at.isoformat()} for e in rows[:EVENTS_PAGE]]
+        return JsonResponse({"run": str(run.pk), "events": events, "more": len(rows) > EVENTS_PAGE})
+
+
+@method_decorator(never_cache, name="dispatch")
+class CallDecisionView(View):
+    """JSON: decide one pending call of a run. POST only, with the session's CSRF token (the
+    ``X-CSRFToken`` header, as Django's docs show for JavaScript), by a user holding
+    ``nexo_django.decide_toolcall``. The body is JSON: ``{"verdict": "approve"|"deny", "digest":
+    <the digest the front end showed>, "note": ""}``; a stale digest or a call decided meanwhile
+    is a 409 that says why."""
+
+    http_method_names = ["post"]
+
+    def post(self, request: HttpRequest, pk: Any, call_pk: int) -> JsonResponse:
+        run = visible_runs(request.user).filter(pk=pk).first()
+        if run is None:
+            return JsonResponse({"error": "no such run"}, status=404)
+        if not request.user.has_perm("nexo_django.decide_toolcall"):
+            return JsonResponse({"error": "deciding needs the permission nexo_django.decide_toolcall"}, status=403)
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            return JsonResponse({"error": "the body must be JSON: {\"verdict\": ..., \"digest\": ...}"}, status=400)
+        verdict, digest, note = (body.get("verdict"), body.get("digest"), body.get("note", "")) if isinstance(body, dict) else (None, None, None)
+        if verdict not in ("approve", "deny") or not isinstance(digest, str) or not isinstance(note, str):
+            return JsonResponse({"error": "give verdict \"approve\" or \"deny\", the digest you showed, and an optional note"}, status=400)
+        call = ToolCall.objects.filter(run=run, pk=call_pk).first()
+        if call is None:
+            return JsonResponse({"error": "no such call in this run"}, status=404)
+        try:
+            decision = runs.decide(call, approved=verdict == "approve", by=request.user, note=note[:2000],
+                                   digest=digest, source="json")
+        except (AlreadyDecided, StaleDecision) as exc:
+            return JsonResponse({"error": str(exc)}, status=409)
+        run.refresh_from_db()
+        return JsonResponse({"verdict": decision.verdict, "digest": decision.digest, "run_status": run.status})
