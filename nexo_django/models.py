@@ -281,7 +281,9 @@ class ToolCall(models.Model):
             models.Index(fields=["status", "created_at"], name="nexo_call_status_created"),
             models.Index(fields=["run", "status", "created_at"], name="nexo_call_run_status_created"),
             models.Index(fields=["status", "agent"], name="nexo_call_status_agent"),
-            models.Index(fields=["status", "name"], name="nexo_call_status_name"),
+            # With the capability: the inbox's capability filter reads its choices from this
+            # index, not from the table (66 -> 20 ms at 100k pending calls on SQLite).
+            models.Index(fields=["status", "name", "capability"], name="nexo_call_status_name_cap"),
             # The reconciler's look at calls that changed lately (not at every suspended run).
             models.Index(fields=["updated_at"], name="nexo_call_updated"),
         ]

@@ -1,5 +1,6 @@
 """What operating it asked for: the file version an approval of a ``write`` is bound to, and the
-indexes the run lists order and filter by (newest first; a user's own runs)."""
+indexes the run lists order and filter by (newest first; a user's own runs), and the inbox's
+(status, name) index widened with the capability its filter lists."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name="agentrun",
             index=models.Index(fields=["created_at"], name="nexo_run_created"),
+        ),
+        migrations.RemoveIndex(model_name="toolcall", name="nexo_call_status_name"),
+        migrations.AddIndex(
+            model_name="toolcall",
+            index=models.Index(fields=["status", "name", "capability"], name="nexo_call_status_name_cap"),
         ),
         migrations.AddIndex(
             model_name="agentrun",
