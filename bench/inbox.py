@@ -4,7 +4,8 @@ Each size holds that many suspended runs, each with one pending call, two transc
 ten events (so 1M events at 100k). Rows are bulk-inserted (executemany on SQLite, COPY on
 PostgreSQL) and the insertion is timed apart. At each size the pages are rendered with Django's
 test Client as a logged-in superuser: the inbox changelist and the decision page (the figures
-with targets), plus the runs changelist and a run's page. Queries are counted with
+with targets), plus the runs changelist and a run's page, and the user-facing run list (its first
+and its last page). Queries are counted with
 CaptureQueriesContext on one render.
 
     python -m bench.inbox --db sqlite|postgres [--sizes 1000,10000,100000] [--renders N] [--profile]
@@ -236,6 +237,9 @@ def main() -> None:
             "decision": (reverse("admin:nexo_django_pendingapproval_change", args=[newest.pk]), "Decide"),
             "runs": (reverse("admin:nexo_django_agentrun_changelist"), f"{size} agent runs"),
             "run": (reverse("admin:nexo_django_agentrun_change", args=[newest.run_id]), str(newest.run_id)[:8]),
+            # The user-facing pages (nexo_django.urls): the run list, its last page, a run's page.
+            "user_runs": (reverse("nexo_django:run_list"), "Page 1 of"),
+            "user_runs_last": (reverse("nexo_django:run_list") + f"?page={(size + 24) // 25}", "Newer"),
         }
         note(f"{size} pending calls: inserted {size} runs, {size} calls, {2 * size} messages, "
              f"{EVENTS_PER_RUN * size} events in {inserted:.1f}s")  # fmt: skip

@@ -16,7 +16,7 @@ from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, as_timedelta, nexo_settings
 from .core.errors import ConfigurationError
-from .core.llm import PROVIDERS
+from .core.llm import PROVIDERS, resolve_model
 from .core.sandboxes.confine import bwrap_problem
 from .core.tools import Limits
 from .core.tools.shell_settings import shell_policy
@@ -102,6 +102,24 @@ def _check_model() -> list[CheckMessage]:
             f"The default model {model!r} is not 'provider:model' with a known provider.",
             hint=f"Use one of {', '.join(PROVIDERS)}, e.g. 'openai:gpt-4.1-mini' or 'anthropic:claude-sonnet-4-5'.",
             id="nexo_django.E004",
+        )]
+    return _check_provider_key(model)
+
+
+def _check_provider_key(model: str) -> list[CheckMessage]:
+    """The provider's key, from settings or the environment, as the first run would need it:
+    building the model object reads them and sends nothing."""
+    providers = nexo_settings.PROVIDERS
+    try:
+        resolve_model(model, providers if isinstance(providers, dict) else None)
+    except ConfigurationError as exc:
+        provider = model.partition(":")[0]
+        return [Warning(
+            f"The default model {model!r} cannot be used: {exc}. Every run of an agent without a "
+            "model of its own fails until it is fixed.",
+            hint=f'Set {provider.upper()}_API_KEY in the environment of the web and worker processes, '
+            f'or NEXO["PROVIDERS"]["{provider}"]["api_key"]; for a local server set its base_url.',
+            id="nexo_django.W008",
         )]
     return []
 

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import models, router
 from django.db.models.query import MAX_GET_RESULTS
@@ -128,6 +129,9 @@ class AgentRun(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="nexo_run_status_lease"),
             models.Index(fields=["status", "updated_at"], name="nexo_run_status_updated"),
             models.Index(fields=["agent", "created_at"], name="nexo_run_agent_created"),
+            # The run lists (newest first): everyone's, and each user's own (/runs/, the admin).
+            models.Index(fields=["created_at"], name="nexo_run_created"),
+            models.Index(fields=["created_by", "created_at"], name="nexo_run_by_created"),
         ]
 
     def __str__(self) -> str:
@@ -146,6 +150,10 @@ class AgentRun(models.Model):
         ``self.tool_calls.filter(status=...)`` (``ToolCall``'s ordering is ``created_at, id``)."""
         return ToolCall.objects.pending_of(self)
 
+    async def apending_calls(self) -> list[ToolCall]:
+        """``pending_calls()`` for async views, read in Django's sync thread: a list."""
+        return await sync_to_async(lambda: list(self.pending_calls()))()
+
     def refresh_from_db(self, using: str | None = None, fields: Any = None, from_queryset: Any = None) -> None:
         _refresh(self, using, fields, from_queryset)
 
@@ -160,7 +168,8 @@ class AgentRun(models.Model):
         return operations().cancel_run(self, by=by, reason=reason)
 
     def retry(self, *, by: Any = None) -> bool:
-        """Queue a ``needs_attention`` run again once its unknown calls were resolved."""
+        """Queue a ``needs_attention`` run again once its unknown calls were resolved, or take a
+        ``failed`` run back up where it stopped (nothing that ran runs again)."""
         return operations().retry_run(self, by=by)
 
 
@@ -280,7 +289,9 @@ class ToolCall(models.Model):
             models.Index(fields=["status", "created_at"], name="nexo_call_status_created"),
             models.Index(fields=["run", "status", "created_at"], name="nexo_call_run_status_created"),
             models.Index(fields=["status", "agent"], name="nexo_call_status_agent"),
-            models.Index(fields=["status", "name"], name="nexo_call_status_name"),
+            # With the capability: the inbox's capability filter reads its choices from this
+            # index, not from the table (66 -> 20 ms at 100k pending calls on SQLite).
+            models.Index(fields=["status", "name", "capability"], name="nexo_call_status_name_cap"),
             # The reconciler's look at calls that changed lately (not at every suspended run).
             models.Index(fields=["updated_at"], name="nexo_call_updated"),
             # The reconciler's look at overdue calls.
@@ -296,9 +307,15 @@ class ToolCall(models.Model):
 
     def approve(
         self, *, by: Any = None, note: str = "", args: dict[str, Any] | None = None,
-        digest: str | None = None, source: str = "api",
+        digest: str | None = None, source: str = "api", file_version: str | None = None,
     ) -> Decision:
-        return operations().decide(self, approved=True, by=by, note=note, args=args, digest=digest, source=source)
+        """``file_version``: the version of the call's file that the approver was shown (``""``:
+        no file): the write then runs without a read first, and only while the file is still
+        that version."""
+        return operations().decide(
+            self, approved=True, by=by, note=note, args=args, digest=digest, source=source,
+            file_version=file_version,
+        )
 
     def deny(
         self, *, by: Any = None, note: str = "", stop: bool = False, digest: str | None = None,
@@ -361,6 +378,9 @@ class Decision(models.Model):
     source = models.CharField(max_length=20, default="api")
     #: The standing rule that made it (source "rule"); a rule that decided something is kept.
     rule = models.ForeignKey(ApprovalRule, null=True, blank=True, on_delete=models.PROTECT, related_name="decisions")
+    #: The version of the call's file the approver was shown ("": there was no file), bound to
+    #: the approval: the write runs only while the file is still that version.
+    file_version = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001 - None: none shown
 
     class Meta:
         ordering = ["decided_at", "id"]

@@ -9,22 +9,33 @@ project's own templates folder.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseForbidden,
+    HttpResponseRedirect,
+    JsonResponse,
+)
 from django.shortcuts import get_object_or_404
 from django.urls import NoReverseMatch, reverse
 from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.generic import DetailView, ListView
 
 from .bounded import bounded_json, bounded_text, long_strings, message_view
+from .core.errors import AlreadyDecided, StaleDecision
 from .display import is_hidden
+from .durable import runs
 from .durable.queue_health import queue_warning
-from .models import ACTIVE_RUN_STATUSES, AgentRun, RunStatus, ToolCall
+from .models import ACTIVE_RUN_STATUSES, AgentRun, RunEvent, RunStatus, ToolCall
 
 #: Permissions that let a user see every run, not only the runs they started.
 SEE_ALL_PERMISSIONS = ("nexo_django.view_agentrun", "nexo_django.decide_toolcall")
@@ -54,6 +65,37 @@ def inbox_url(call: ToolCall) -> str | None:
     return None
 
 
+#: Admin page where a person settles a run that needs attention.
+RUN_ADMIN_URL_NAME = "admin:nexo_django_agentrun_change"
+
+#: What a person who started a run reads about it when it did not go well: the run's state in
+#: plain words. The error itself (a URL, a Redis address, a traceback's last line) and the
+#: commands that fix things are the operator's: staff see them (see :func:`shows_operator_details`).
+PLAIN_ERRORS: dict[str, str] = {
+    RunStatus.FAILED: "This run stopped because of an error. The people who run this service can see what went wrong.",
+    RunStatus.NEEDS_ATTENTION: "This run waits for a person to look at it before it can go on.",
+}
+
+
+def shows_operator_details(user: Any) -> bool:
+    """Whether ``user`` sees the operator's detail (errors, queue warnings, the fix): staff."""
+    return bool(user is not None and getattr(user, "is_staff", False) and user.is_active)
+
+
+def run_admin_url(run: AgentRun) -> str | None:
+    try:
+        return reverse(RUN_ADMIN_URL_NAME, args=[run.pk])
+    except NoReverseMatch:
+        return None
+
+
+def public_error(run: AgentRun) -> str:
+    """The run's error as its starter reads it: the reason of a cancel, or plain words."""
+    if not run.error:
+        return ""
+    return PLAIN_ERRORS.get(run.status, run.error if run.status == RunStatus.CANCELLED else "")
+
+
 def visible(text: str) -> str:
     """Plain text (a terminal, a log) with invisible and bidi characters written as ⟦U+XXXX⟧;
     HTML pages use :func:`nexo_django.display.reveal`, which also escapes."""
@@ -71,8 +113,9 @@ def transcript_entries(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return entries
 
 
-def run_status(run: AgentRun) -> dict[str, Any]:
-    """What the JSON status endpoint answers; ``version`` changes whenever the page would."""
+def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
+    """What the JSON status endpoint answers; ``version`` changes whenever the page would. With
+    ``operator`` false, the error is in plain words (:func:`public_error`)."""
     pending = list(run.pending_calls())
     messages = run.messages.count()
     return {
@@ -83,11 +126,11 @@ def run_status(run: AgentRun) -> dict[str, Any]:
         "active": run.status in ACTIVE_RUN_STATUSES,
         "terminal": run.is_terminal,
         "result": run.result,
-        "error": run.error,
+        "error": run.error if operator else public_error(run),
         "messages": messages,
         "pending": [
             {"id": c.pk, "tool_call_id": c.tool_call_id, "name": c.name, "capability": c.capability,
-             "inbox_url": inbox_url(c)}
+             "digest": c.digest, "inbox_url": inbox_url(c)}
             for c in pending
         ],
         "updated_at": run.updated_at.isoformat(),
@@ -126,15 +169,42 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
         warning = queue_warning(run=run) if run.status == RunStatus.QUEUED else None
         return str(warning) if warning is not None else None
 
+    def get_shows_operator_details(self) -> bool:
+        """Staff see the operator's detail (the error, the queue warning and its fix); the
+        person who started the run sees its state in plain words."""
+        return shows_operator_details(self.request.user)
+
+    def may_cancel(self, run: AgentRun) -> bool:
+        """The person who started the run may cancel it while it can still change (staff cancel
+        in the admin)."""
+        user = self.request.user
+        return not run.is_terminal and run.created_by_id is not None and run.created_by_id == user.pk
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        """Cancel the user's own run (a CSRF-protected POST, like every form of the site)."""
+        run: AgentRun = self.get_object()
+        if request.POST.get("action") != "cancel" or not self.may_cancel(run):
+            return HttpResponseForbidden("You can cancel only a run of your own that has not finished.")
+        runs.cancel_run(run, by=request.user, reason=f"cancelled by {request.user} on the run's page")
+        return HttpResponseRedirect(reverse("nexo_django:run_detail", args=[run.pk]))
+
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
         run: AgentRun = self.object
-        status = run_status(run)
+        context["can_cancel"] = self.may_cancel(run)
+        operator = self.get_shows_operator_details()
+        status = run_status(run, operator=operator)
         context["status"] = status
+        context["operator"] = operator
         context["result"] = bounded_text(run.result or "").html
-        context["error"] = bounded_text(run.error or "").html
+        context["error"] = bounded_text(status["error"] or "").html
         context["transcript"] = transcript_entries(run.transcript())
-        context["queue_warning"] = self.get_queue_warning(run)
+        warning = self.get_queue_warning(run)
+        context["queue_warning"] = warning if operator else None
+        context["waiting_for_worker"] = warning is not None
+        context["attention_url"] = (
+            run_admin_url(run) if run.status == RunStatus.NEEDS_ATTENTION and operator else None
+        )
         context["pending"] = [
             {"call": c, "args": bounded_json(c.args).html,
              "texts": [(key, text.html) for key, text in long_strings(c.args)],
@@ -150,8 +220,10 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
 
 
 @method_decorator(never_cache, name="dispatch")
+@method_decorator(ensure_csrf_cookie, name="dispatch")
 class RunStatusView(View):
-    """JSON for the run's page to poll. A run the user may not see is a 404, as if absent."""
+    """JSON for the run's page to poll. A run the user may not see is a 404, as if absent. It
+    sets the CSRF cookie, so a front end that reads it can POST a decision next."""
 
     def get_queryset(self) -> QuerySet[AgentRun]:
         return visible_runs(self.request.user)
@@ -161,4 +233,61 @@ class RunStatusView(View):
             run = get_object_or_404(self.get_queryset(), pk=pk)
         except Http404:
             return JsonResponse({"error": "no such run"}, status=404)
-        return JsonResponse(run_status(run))
+        return JsonResponse(run_status(run, operator=shows_operator_details(request.user)))
+
+
+#: Events one GET of :class:`RunEventsView` returns at most; ``?after=<id>`` pages on.
+EVENTS_PAGE = 200
+
+
+@method_decorator(never_cache, name="dispatch")
+class RunEventsView(View):
+    """JSON: the run's events after ``?after=<id>`` (oldest first, at most :data:`EVENTS_PAGE`),
+    for single-page and mobile front ends. Session auth; a run the user may not see is a 404."""
+
+    def get(self, request: HttpRequest, pk: Any) -> JsonResponse:
+        run = visible_runs(request.user).filter(pk=pk).first()
+        if run is None:
+            return JsonResponse({"error": "no such run"}, status=404)
+        try:
+            after = int(request.GET.get("after") or 0)
+        except ValueError:
+            return JsonResponse({"error": "after must be an event id (a whole number)"}, status=400)
+        rows = list(RunEvent.objects.filter(run=run, id__gt=after).order_by("id")[: EVENTS_PAGE + 1])
+        events = [{"id": e.id, "type": e.type, "data": e.data, "at": e.created_at.isoformat()} for e in rows[:EVENTS_PAGE]]
+        return JsonResponse({"run": str(run.pk), "events": events, "more": len(rows) > EVENTS_PAGE})
+
+
+@method_decorator(never_cache, name="dispatch")
+class CallDecisionView(View):
+    """JSON: decide one pending call of a run. POST only, with the session's CSRF token (the
+    ``X-CSRFToken`` header, as Django's docs show for JavaScript), by a user holding
+    ``nexo_django.decide_toolcall``. The body is JSON: ``{"verdict": "approve"|"deny", "digest":
+    <the digest the front end showed>, "note": ""}``; a stale digest or a call decided meanwhile
+    is a 409 that says why."""
+
+    http_method_names = ["post"]
+
+    def post(self, request: HttpRequest, pk: Any, call_pk: int) -> JsonResponse:
+        run = visible_runs(request.user).filter(pk=pk).first()
+        if run is None:
+            return JsonResponse({"error": "no such run"}, status=404)
+        if not request.user.has_perm("nexo_django.decide_toolcall"):
+            return JsonResponse({"error": "deciding needs the permission nexo_django.decide_toolcall"}, status=403)
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            return JsonResponse({"error": "the body must be JSON: {\"verdict\": ..., \"digest\": ...}"}, status=400)
+        verdict, digest, note = (body.get("verdict"), body.get("digest"), body.get("note", "")) if isinstance(body, dict) else (None, None, None)
+        if verdict not in ("approve", "deny") or not isinstance(digest, str) or not isinstance(note, str):
+            return JsonResponse({"error": "give verdict \"approve\" or \"deny\", the digest you showed, and an optional note"}, status=400)
+        call = ToolCall.objects.filter(run=run, pk=call_pk).first()
+        if call is None:
+            return JsonResponse({"error": "no such call in this run"}, status=404)
+        try:
+            decision = runs.decide(call, approved=verdict == "approve", by=request.user, note=note[:2000],
+                                   digest=digest, source="json")
+        except (AlreadyDecided, StaleDecision) as exc:
+            return JsonResponse({"error": str(exc)}, status=409)
+        run.refresh_from_db()
+        return JsonResponse({"verdict": decision.verdict, "digest": decision.digest, "run_status": run.status})

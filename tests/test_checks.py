@@ -19,6 +19,41 @@ def ids(messages: list) -> list[str]:
 @pytest.fixture(autouse=True)
 def no_env_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NEXO_MODEL", raising=False)
+    # The providers' keys, as a configured deployment has them (W008 is tested without them).
+    for prefix in ("OPENAI", "ANTHROPIC"):
+        monkeypatch.setenv(f"{prefix}_API_KEY", "test-key")
+        monkeypatch.delenv(f"{prefix}_BASE_URL", raising=False)
+
+
+@pytest.mark.parametrize("model", ["openai:gpt-4.1-mini", "anthropic:claude-sonnet-4-5"])
+def test_a_default_model_without_its_providers_key_is_w008(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    provider = model.partition(":")[0]
+    monkeypatch.delenv(f"{provider.upper()}_API_KEY")
+    with override_settings(NEXO={"MODEL": model}):
+        [message] = check_settings()
+    assert message.id == "nexo_django.W008" and isinstance(message, Warning)
+    assert f"{provider.upper()}_API_KEY" in message.hint and "api_key" in message.hint
+
+
+def test_w008_is_satisfied_by_a_key_in_settings_or_a_local_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY")
+    with override_settings(NEXO={"MODEL": "openai:x", "PROVIDERS": {"openai": {"api_key": "sk-in-settings"}}}):
+        assert check_settings() == []
+    with override_settings(NEXO={"MODEL": "openai:llama3", "PROVIDERS": {"openai": {"base_url": "http://127.0.0.1:11434/v1"}}}):
+        assert check_settings() == []
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    with override_settings(NEXO={"MODEL": "openai:x"}):
+        assert check_settings() == []
+
+
+def test_w008_reaches_manage_py_check_without_failing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    monkeypatch.delenv("OPENAI_API_KEY")
+    err = io.StringIO()
+    with override_settings(NEXO={"MODEL": "openai:gpt-4.1-mini"}):
+        call_command("check", stdout=io.StringIO(), stderr=err)
+    assert "nexo_django.W008" in err.getvalue()
 
 
 @override_settings(NEXO={"MODEL": "openai:gpt-4.1-mini"})

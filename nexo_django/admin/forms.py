@@ -36,6 +36,21 @@ EDITED_MAX_CHARS = 200_000
 EditedArgsCheck = Callable[[ToolCall, dict[str, Any]], None]
 
 
+def encode_file_version(version: str | None) -> str:
+    """The hidden field's text: ``""`` nothing shown, ``"new"`` no file, ``"v:<version>"``."""
+    if version is None:
+        return ""
+    return f"v:{version}" if version else "new"
+
+
+def decode_file_version(text: str) -> str | None:
+    if text == "new":
+        return ""
+    if text.startswith("v:") and len(text) > 2:
+        return text[2:]
+    return None
+
+
 class DecisionForm(forms.Form):
     """One decision on one call. ``digest`` is the digest of the arguments the page showed."""
 
@@ -54,6 +69,9 @@ class DecisionForm(forms.Form):
     )
     #: "Always allow": the fnmatch pattern of paths the new rule allows (path tools only).
     rule_path = forms.CharField(required=False, max_length=1000, label="for paths like", strip=True)
+    #: The file version the page's diff was made from (:func:`encode_file_version`): a plain
+    #: Approve is bound to it.
+    file_version = forms.CharField(required=False, max_length=140, widget=forms.HiddenInput)
     #: Digest of the edited arguments shown on the review page; what is confirmed is what was shown.
     edited_digest = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
 
@@ -64,6 +82,7 @@ class DecisionForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        data["shown_version"] = decode_file_version(data.get("file_version") or "")
         action = data.get("action")
         if action not in EDIT_ACTIONS or "edited_args" in self.errors:
             return data

@@ -38,6 +38,9 @@ class CallPreview:
     diff: list[tuple[str, SafeString]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was capped, why nothing is shown
     confinement: str = ""  # for a shell call: what the command will run under, and may reach
+    #: the version of the file the diff was made from ("": no file), None when nothing was read;
+    #: the page posts it with Approve, binding the approval to it
+    version: str | None = None
 
 
 def describe_workspace(sandbox: Sandbox) -> str:
@@ -106,7 +109,7 @@ def write_diff(sandbox: Sandbox, path: Any, content: Any, *, content_chars: int 
     try:
         current = sandbox.read(path, DIFF_MAX_BYTES)
     except FileNotFoundError:
-        preview.kind, old_bytes, old_name = "new", b"", "/dev/null"
+        preview.kind, old_bytes, old_name, preview.version = "new", b"", "/dev/null", ""
     except (SecurityError, OSError, NexoError) as exc:
         preview.kind = "unavailable"
         preview.notes.append(f"The current file cannot be read: {exc}")
@@ -118,7 +121,7 @@ def write_diff(sandbox: Sandbox, path: Any, content: Any, *, content_chars: int 
             preview.notes.append(
                 f"The current file is {current.size:,} bytes: only the first {DIFF_MAX_BYTES // 1024} KiB are compared."
             )
-        preview.kind = "changed"
+        preview.kind, preview.version = "changed", current.version
     new_bytes = content.encode("utf-8", errors="surrogatepass")
     given_cut = content_chars is not None and content_chars > len(content)
     if len(new_bytes) > DIFF_MAX_BYTES or given_cut:

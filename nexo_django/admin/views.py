@@ -34,8 +34,8 @@ from ..bounded import (
 )
 from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
 from ..display import is_hidden, json_diff, json_for_editor, mark_hidden, reveal
-from ..durable import runs
-from ..models import AgentRun, CallStatus, RunStatus, ToolCall, args_digest
+from ..durable import dispatch, runs
+from ..models import AgentRun, CallStatus, Decision, RunStatus, ToolCall, args_digest
 from . import rules as admin_rules
 from .base import NexoModelAdmin
 from .forms import (
@@ -47,6 +47,7 @@ from .forms import (
     EDITED_MAX_CHARS,
     REVIEW_EDIT,
     BulkDenyForm,
+    encode_file_version,
 )
 from .loading import (
     CALL_CELL_BYTES,
@@ -94,13 +95,43 @@ def _changelist_url(model_admin: Any) -> str:
     return reverse(f"{model_admin.admin_site.name}:{opts.app_label}_{opts.model_name}_changelist")
 
 
-def where_it_went(model_admin: NexoModelAdmin, run_ids: list[Any]) -> SafeString:
+def _status_words(run: AgentRun, *, stopping: bool) -> str:
+    """What happens to the run next, as it is: a queued run whose job did not reach Redis waits
+    for the reconciler, and a run stopped by its approver is queued only to be closed."""
+    if run.status != RunStatus.QUEUED:
+        return STATUS_WORDS.get(run.status, run.status)
+    why = dispatch.unsent(run.pk)
+    if stopping:
+        if why:
+            return (f"stops: nothing more of it runs. Its job could not be sent to a worker ({why}); "
+                    "it is closed as cancelled when the reconciler (manage.py nexo_reconcile) sends it again")
+        return "stops: nothing more of it runs (a worker closes it as cancelled)"
+    if why:
+        return (f"is queued, but its job could not be sent to a worker ({why}): it continues when the "
+                "reconciler (manage.py nexo_reconcile) sends it again")
+    return STATUS_WORDS[RunStatus.QUEUED]
+
+
+def where_it_went(model_admin: NexoModelAdmin, run_ids: list[Any], *, stopping: bool = False) -> SafeString:
     """ "Run 1a2b3c4d is done." for each run, linked to the run's page."""
     found = AgentRun.objects.filter(pk__in=run_ids).only("id", "status", "agent")
     return format_html_join(
         " ", "{} run {} {}.",
-        ((run.agent_name, model_admin.run_link(run.pk), STATUS_WORDS.get(run.status, run.status)) for run in found),
+        ((run.agent_name, model_admin.run_link(run.pk), _status_words(run, stopping=stopping)) for run in found),
     )
+
+
+def who_decided(call: ToolCall) -> str:
+    """For an approver who lost a race: who decided the call, how and when (or what ended it)."""
+    decision = Decision.objects.filter(tool_call_id=call.pk).select_related("decided_by").first()
+    if decision is None:
+        current = ToolCall.objects.filter(pk=call.pk).values_list("status", flat=True).first()
+        return f"nobody decided it: its run ended first (the call is {current or 'gone'})"
+    by = str(decision.decided_by) if decision.decided_by_id else f"the system ({decision.source})"
+    how = str(decision.verdict) + (" with edited arguments" if decision.args is not None else "")
+    how += " and stopped the run" if decision.stop else ""
+    note = f', noting "{decision.note}"' if decision.note else ""
+    return f"{by} {how} it {timesince(decision.decided_at, depth=1)} ago{note}"
 
 
 def _base_context(model_admin: Any, request: HttpRequest, title: str, obj: Any = None) -> dict[str, Any]:
@@ -116,6 +147,32 @@ def _base_context(model_admin: Any, request: HttpRequest, title: str, obj: Any =
         "has_view_permission": True,
         "can_decide": model_admin.has_decide_permission(request, obj),
     }
+
+
+#: Runs that need attention named at most on the inbox, the oldest first.
+NEEDS_ATTENTION_SHOWN = 10
+
+
+def announce_needs_attention(model_admin: PendingApprovalAdmin, request: HttpRequest) -> None:
+    """Above the inbox: each run that needs a person though it has no pending call, what to
+    decide, and the link to decide it (its run page: run the call again, or not)."""
+    found = list(model_admin.get_needs_attention(request)[: NEEDS_ATTENTION_SHOWN + 1])
+    if not found:
+        return
+    unknown: dict[Any, list[str]] = {}
+    for call in ToolCall.objects.filter(run_id__in=[r.pk for r in found], status=CallStatus.OUTCOME_UNKNOWN):
+        unknown.setdefault(call.run_id, []).append(f"{call.name} ({call.tool_call_id})")
+    for run in found[:NEEDS_ATTENTION_SHOWN]:
+        calls = unknown.get(run.pk)
+        what = (
+            f"decide whether {', '.join(calls)} runs again: its worker stopped while it ran"
+            if calls else "look at it: it stopped for a person"
+        )
+        messages.warning(request, format_html(
+            "{} run {} needs a person: {}.", mark_hidden(run.agent_name), model_admin.run_link(run.pk), mark_hidden(what),
+        ))
+    if len(found) > NEEDS_ATTENTION_SHOWN:
+        messages.warning(request, "More runs need a person: see the runs filtered by status “needs attention”.")
 
 
 # --- one call ------------------------------------------------------------------------------------
@@ -151,13 +208,28 @@ OTHER_PENDING_SHOWN = 20
 EDITOR_MAX_BYTES = 600_000
 
 
+def _lost_race(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> str | None:
+    """For a decision posted on a call someone decided meanwhile: who, how and when."""
+    if request.method != "POST" or not model_admin.has_decide_permission(request):
+        return None
+    try:
+        call = ToolCall.objects.filter(pk=object_id).first()
+    except (ValueError, ValidationError):
+        return None
+    if call is None:
+        return None
+    return mark_hidden(f"{call.name} call {call.tool_call_id} is no longer waiting for a decision: {who_decided(call)}")
+
+
 def decision_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
     refused = _refuse(model_admin, request)
     if refused is not None:
         return refused
     call = _find_call(model_admin, request, object_id, defer_args=request.method != "POST")
     if call is None:
-        messages.warning(request, "That call is no longer waiting for a decision (it was decided, or its run ended).")
+        decided = _lost_race(model_admin, request, object_id)
+        messages.warning(request, f"Nothing changed: {decided}." if decided else
+                         "That call is no longer waiting for a decision (it was decided, or its run ended).")
         return HttpResponseRedirect(_changelist_url(model_admin))
     if request.method == "POST":
         if not model_admin.has_decide_permission(request, call):
@@ -261,6 +333,10 @@ def _decision_page(
         args = bounded_json(stored.value)
         hidden, exact = count_hidden(stored.value)
         strings = long_strings(stored.value)
+    call_preview = model_admin.get_call_preview(request, call)
+    if not form.is_bound:
+        # Approve is bound to the file version this page's diff was made from.
+        form.initial["file_version"] = encode_file_version(call_preview.version)
     context = {
         **_base_context(model_admin, request, mark_hidden(f"Decide: {call.name} in {run.agent_name} run {str(run.pk)[:8]}"), call),
         "call": call,
@@ -279,7 +355,7 @@ def _decision_page(
         "long_strings": strings,
         "arguments_url": model_admin.pending_arguments_url(call.pk),
         "edit_url": model_admin.call_edit_url(call.pk),
-        "preview": model_admin.get_call_preview(request, call),
+        "preview": call_preview,
         "form": form,
         "editing": editing,
         "other_pending": other,
@@ -327,9 +403,10 @@ def _decide(
                 call, approved=approved, by=request.user, note=data.get("note", ""),
                 args=data.get("args") if action == APPROVE_EDITED else None,
                 stop=action == DENY_STOP, digest=data["digest"], source="admin",
+                file_version=data.get("shown_version") if action == APPROVE else None,
             )
     except AlreadyDecided as exc:
-        messages.warning(request, f"Nothing changed: {mark_hidden(exc)}.")
+        messages.warning(request, f"Nothing changed: {mark_hidden(exc)}: {mark_hidden(who_decided(call))}.")
         return HttpResponseRedirect(_changelist_url(model_admin))
     except (StaleDecision, InvalidEditedArguments) as exc:
         messages.error(request, f"Nothing changed: {mark_hidden(exc)}")
@@ -338,7 +415,7 @@ def _decide(
             APPROVE_ALWAYS: "Approved (and a standing rule now allows such calls)"}
     messages.success(request, format_html(
         "{} {} ({}). {}", verb.get(action, "Denied"), reveal(call.name), reveal(call.tool_call_id),
-        where_it_went(model_admin, [call.run_id]),
+        where_it_went(model_admin, [call.run_id], stopping=action == DENY_STOP),
     ))
     following = model_admin.get_other_pending(request, call).first()
     return HttpResponseRedirect(model_admin.call_url(following.pk) if following else _changelist_url(model_admin))
@@ -462,7 +539,7 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         "calls": [_call_row(model_admin, c, stored_args[c.pk], stored_results[c.pk]) for c in calls],
         "has_unknown": any(c.status == CallStatus.OUTCOME_UNKNOWN for c in calls),
         "can_cancel": not run.is_terminal,
-        "can_retry": run.status == RunStatus.NEEDS_ATTENTION,
+        "can_retry": run.status in (RunStatus.NEEDS_ATTENTION, RunStatus.FAILED),
         "queue_warning": model_admin.get_queue_warning(request, run),
         "events": [{"seq": e.id, "type": e.type, "data": bounded_json(e.data, budget=4_000, string_chars=500).html,
                     "at": e.created_at} for e in events],
@@ -513,7 +590,7 @@ def _run_action(model_admin: AgentRunAdmin, request: HttpRequest, run: AgentRun)
                 raise TransitionError(f"run {str(run.pk)[:8]} is {run.status} and cannot be cancelled")
         elif action == "retry":
             if not runs.retry_run(run, by=request.user):
-                raise TransitionError(f"run {str(run.pk)[:8]} is {run.status}, not needs_attention")
+                raise TransitionError(f"run {str(run.pk)[:8]} is {run.status}, not needs_attention or failed")
         else:
             call = ToolCall.objects.filter(run=run, pk=request.POST.get("call") or 0).first()
             if call is None:

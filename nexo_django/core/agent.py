@@ -28,6 +28,7 @@ from .errors import (
     MaxTurnsExceeded,
     PendingCall,
     SecurityError,
+    TokenBudgetExceeded,
     ToolArgumentError,
 )
 from .llm import resolve_model
@@ -53,6 +54,8 @@ class CallDecision:
     stop: bool = False  # deny and stop the run
     #: who decided: "expiry" (nobody, in time), "rule" (a standing rule), or a person's channel
     source: str = ""
+    #: the version of the call's file the approver was shown ("": no file), None if none was
+    version: str | None = None
 
     def verdict(self) -> Verdict:
         return Verdict(self.approved, self.note)
@@ -178,6 +181,16 @@ def open_calls(messages: list[Message]) -> list[dict[str, Any]]:
     return []
 
 
+def tokens_spent(messages: list[Message]) -> int:
+    """Input and output tokens of every model turn in the transcript (each reply keeps its usage)."""
+    total = 0
+    for m in messages:
+        usage = m.get("usage") if m.get("role") == "assistant" else None
+        if isinstance(usage, dict):
+            total += sum(v for k, v in usage.items() if k in ("input_tokens", "output_tokens") and isinstance(v, int))
+    return total
+
+
 def _seen_versions(messages: list[Message]) -> dict[str, str]:
     """Rebuild read-before-write state from the transcript, so a resumed run keeps it."""
     seen: dict[str, str] = {}
@@ -271,6 +284,8 @@ class Agent:
     #: "deny" (the model is told it expired and the run goes on) or "stop" (the run is cancelled).
     approval_timeout: ClassVar[Any] = FROM_SETTINGS
     on_timeout: ClassVar[str] = "deny"
+    #: tokens (input + output, as the provider reports them) the whole run may spend; None: no cap
+    max_tokens: ClassVar[int | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -460,6 +475,14 @@ class Agent:
             raise MaxTurnsExceeded(
                 f"{type(self).__name__} used its {type(self).max_turns} turns (max_turns) without a final answer"
             )
+        budget = type(self).max_tokens
+        if budget is not None:
+            spent = tokens_spent(journal.messages)
+            if spent >= budget:
+                raise TokenBudgetExceeded(
+                    f"{type(self).__name__} spent {spent} of its {budget} tokens (max_tokens) without a "
+                    "final answer; raise max_tokens or narrow the prompt"
+                )
         specs = [t.spec() for t in self.toolset().values()]
         journal.before_model()
         journal.emit("model_request", {"turn": turn, "messages": len(journal.messages), "tools": len(specs)})
@@ -496,7 +519,10 @@ class Agent:
             else:
                 proposed = decision.args if decision is not None and decision.args is not None else call.get("args")
                 gate = self.gate.with_decision(decision.verdict()) if decision is not None else self.gate
-                ctx = dataclasses.replace(base, permissions=gate, call_id=call["id"])
+                # The version the approver saw is bound to the arguments shown with it, not to
+                # arguments edited on another page.
+                shown = decision.version if decision is not None and decision.approved and decision.args is None else None
+                ctx = dataclasses.replace(base, permissions=gate, call_id=call["id"], approved_version=shown)
                 try:
                     args = tool.validate(proposed)
                     tool.gate(args, ctx)

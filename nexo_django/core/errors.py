@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AlreadyDecided", "ApprovalRequired", "ConfigurationError", "Denied", "InvalidEditedArguments", "LeaseLost", "MaxTurnsExceeded", "ModelError", "NexoError", "PendingCall", "SecurityError", "StaleDecision", "ToolArgumentError", "TransitionError"]
+__all__ = ["AlreadyDecided", "ApprovalRequired", "ConfigurationError", "Denied", "InvalidEditedArguments", "LeaseLost", "MaxTurnsExceeded", "ModelError", "NexoError", "PendingCall", "SecurityError", "StaleDecision", "TokenBudgetExceeded", "ToolArgumentError", "TransitionError"]
 
 
 class NexoError(Exception):
@@ -90,6 +90,11 @@ class ModelError(NexoError):
 
 class MaxTurnsExceeded(NexoError):
     """The loop used up ``max_turns`` model turns without a final answer."""
+
+
+class TokenBudgetExceeded(MaxTurnsExceeded):
+    """The run spent its ``max_tokens`` (input and output tokens over all its model turns) without
+    a final answer. A kind of :class:`MaxTurnsExceeded`: both are the run's own limits."""
 
 
 class TransitionError(NexoError):

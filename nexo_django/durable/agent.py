@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from ..conf import nexo_settings
@@ -42,6 +43,14 @@ class Agent(CoreAgent):
     def run_later(cls, prompt: str, *, user: Any = None, **kwargs: Any) -> AgentRun:
         """Durable, enqueued when the current transaction commits; returns the ``AgentRun``."""
         return _runs().start_run(cls, prompt, user=user, later=True, **kwargs)
+
+    @classmethod
+    async def arun_later(cls, prompt: str, *, user: Any = None, **kwargs: Any) -> AgentRun:
+        """``run_later`` for async views: the database work runs in Django's sync thread (as
+        ``sync_to_async`` does for the ORM), the job is sent once it commits."""
+        start = _runs().start_run
+        run: AgentRun = await sync_to_async(start)(cls, prompt, user=user, later=True, **kwargs)
+        return run
 
 
 def _runs() -> Any:

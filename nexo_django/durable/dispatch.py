@@ -51,6 +51,18 @@ def enqueue_run(run_id: Any, generation: int) -> None:
     transaction.on_commit(lambda: send_or_log(str(run_id), generation))
 
 
+#: Runs whose last wake-up from this process could not be sent: run id -> why. A page that just
+#: woke a run says so instead of promising a worker (bounded: the oldest are dropped).
+_unsent: dict[str, str] = {}
+UNSENT_KEPT = 1000
+
+
+def unsent(run_id: Any) -> str | None:
+    """Why the last job this process sent for ``run_id`` did not reach Redis, or None if it did
+    (or none was sent)."""
+    return _unsent.get(str(run_id))
+
+
 def send_or_log(run_id: str, generation: int) -> bool:
     from redis.exceptions import RedisError
 
@@ -59,7 +71,11 @@ def send_or_log(run_id: str, generation: int) -> bool:
     except (RedisError, OSError) as exc:
         log.warning("run %s: its job could not be sent (%s: %s); the reconciler will send it again",
                     run_id, type(exc).__name__, exc)
+        if len(_unsent) >= UNSENT_KEPT:
+            _unsent.pop(next(iter(_unsent)), None)
+        _unsent[run_id] = f"{type(exc).__name__}: {exc}"
         return False
+    _unsent.pop(run_id, None)
     return True
 
 
@@ -143,13 +159,40 @@ def workers_listening(name: str | None = None) -> list[str] | None:
     options = {**pool.connection_kwargs, "socket_connect_timeout": PROBE_TIMEOUT, "socket_timeout": PROBE_TIMEOUT}
     probe_pool = ConnectionPool(connection_class=pool.connection_class, **options)
     try:
+        redis = Redis(connection_pool=probe_pool)
         # Worker.all drops registrations whose worker key expired (a worker killed without cleanup).
-        workers = Worker.all(queue=Queue(name, connection=Redis(connection_pool=probe_pool)))
+        names = sorted(w.name for w in Worker.all(queue=Queue(name, connection=redis)))
+        if not names:
+            names = _unregistered_live_workers(redis, Worker.redis_worker_namespace_prefix, Worker.redis_workers_keys)
     except RedisError as exc:
         raise ConnectionError(f"Redis of queue {name!r} cannot be reached: {exc}") from exc
     finally:
         probe_pool.disconnect()
-    return sorted(w.name for w in workers)
+    return names
+
+
+#: Worker keys looked at, at most, for workers whose registration Redis lost.
+UNREGISTERED_SCAN = 1000
+
+
+def _unregistered_live_workers(redis: Any, prefix: str, registry: str) -> list[str]:
+    """Live rq workers whose registration Redis lost: after a restart without persistence the
+    sets that say which worker listens on which queue are gone, while each live worker's next
+    heartbeat writes its own key again (``last_heartbeat``, with a TTL), without its queues and
+    without a death. Their queue cannot be told, so they count as listening: better no warning
+    than a false "no worker listens" while they take jobs."""
+    registered = {key.decode() if isinstance(key, bytes) else key for key in redis.smembers(registry)}
+    found: list[str] = []
+    for n, key in enumerate(redis.scan_iter(match=f"{prefix}*", count=100)):
+        if n >= UNREGISTERED_SCAN:
+            break
+        key = key.decode() if isinstance(key, bytes) else key
+        if key in registered:
+            continue  # registered, on other queues: Worker.all saw it
+        queues, death, heartbeat = redis.hmget(key, "queues", "death", "last_heartbeat")
+        if queues is None and death is None and heartbeat is not None:
+            found.append(key[len(prefix):])
+    return sorted(found)
 
 
 def job_pending(run_id: Any, generation: int) -> bool:

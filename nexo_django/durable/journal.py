@@ -336,7 +336,10 @@ class DbJournal(Journal):
         decision = getattr(row, "decision", None)
         if decision is None:
             return None
-        return CallDecision(decision.approved, decision.note, decision.args, decision.stop, decision.source)
+        return CallDecision(
+            decision.approved, decision.note, decision.args, decision.stop,
+            source=decision.source, version=decision.file_version,
+        )
 
     def _same_call(self, row: ToolCall, call: dict[str, Any]) -> bool:
         """Whether ``row`` was stored for ``call``: same name, and a digest of its arguments as the

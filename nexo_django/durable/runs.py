@@ -21,6 +21,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from ..conf import nexo_settings
+from ..core.agent import open_calls
 from ..core.errors import (
     AlreadyDecided,
     ApprovalExpired,
@@ -71,7 +72,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     RunStatus.SUSPENDED: frozenset({RunStatus.QUEUED, RunStatus.CANCELLED, RunStatus.FAILED}),
     RunStatus.NEEDS_ATTENTION: frozenset({RunStatus.QUEUED, RunStatus.CANCELLED, RunStatus.FAILED}),
     RunStatus.DONE: frozenset(),
-    RunStatus.FAILED: frozenset(),
+    # A person takes a failed run back up where it stopped (retry_run).
+    RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
     RunStatus.CANCELLED: frozenset(),
 }
 
@@ -320,7 +322,8 @@ def _drive(
         _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
         return "failed"
     if outcome.kind == "done":
-        new, fields = RunStatus.DONE, {"result": outcome.content}
+        # A run that recovered (a retry, a settled unknown outcome) keeps no old error beside Done.
+        new, fields = RunStatus.DONE, {"result": outcome.content, "error": ""}
     elif outcome.kind == "stopped":
         new, fields = RunStatus.CANCELLED, {"error": outcome.content or "stopped by the approver"}
     else:
@@ -424,16 +427,33 @@ def check_edited_args(run: AgentRun, call: ToolCall, args: Any) -> None:
         agent.close()
 
 
+def check_file_version(call: ToolCall, *, approved: bool, args: Any, file_version: str | None) -> None:
+    if file_version is None:
+        return
+    if not approved or args is not None:
+        raise InvalidEditedArguments(
+            "a file version goes with a plain approval (the arguments the page showed), not with a "
+            "denial or edited arguments"
+        )
+    if call.capability != "write":
+        raise InvalidEditedArguments(f"a file version goes with a write, and {call.name} is not one")
+    if not isinstance(file_version, str) or len(file_version) > 128:
+        raise InvalidEditedArguments("a file version is the version string the page showed (at most 128 characters)")
+
+
 def decide(
     call: ToolCall, *, approved: bool, by: Any = None, note: str = "", args: dict[str, Any] | None = None,
     stop: bool = False, digest: str | None = None, source: str = "api", rule: ApprovalRule | None = None,
+    file_version: str | None = None,
 ) -> Decision:
     """Record one decision, exactly once, and wake the run when it was the last pending call.
     ``source="expiry"`` is the reconciler's (nobody decided in time); ``rule`` the standing rule
     that made it. With ``NEXO["SELF_APPROVAL"]`` off the run's starter is refused
-    (``PermissionDenied``, nothing recorded)."""
+    (``PermissionDenied``, nothing recorded). ``file_version`` binds an approval of a ``write`` to
+    the file version the approver saw."""
     if args is not None and not approved:
         raise InvalidEditedArguments("edited arguments go with an approval, not a denial")
+    check_file_version(call, approved=approved, args=args, file_version=file_version)
     gone = f"run {call.run_id} of {call.name} call {call.tool_call_id} no longer exists"
     now = timezone.now()
     if source != "expiry":
@@ -467,7 +487,7 @@ def decide(
     decision = Decision(
         tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
         digest=args_digest(args) if args is not None else call.digest,
-        decided_by=_user(by), source=source, rule=rule,
+        decided_by=_user(by), source=source, rule=rule, file_version=file_version,
     )
     batch.create([decision])
     event = {"call": call.tool_call_id, "verdict": str(verdict), "edited": args is not None,
@@ -588,11 +608,38 @@ def retry_run(run: AgentRun, *, by: Any = None) -> bool:
                 "(tool_call.resolve_unknown(rerun=...))"
             )
         current = AgentRun.objects.get(pk=run.pk)
-        woke = wake(current, RunStatus.NEEDS_ATTENTION)
+        if current.status == RunStatus.FAILED:
+            woke = retry_failed(current)
+        else:
+            woke = wake(current, RunStatus.NEEDS_ATTENTION)
         if woke:
             _event(run.pk, "retried", by=str(_user(by) or ""))
     run.refresh_from_db()
     return woke
+
+
+def retry_failed(run: AgentRun) -> bool:
+    """Queue a ``failed`` run again, from its last committed turn: its transcript holds every
+    result that was recorded, so nothing that ran runs again and the model is asked only for the
+    turn that failed. A call that failed the run (refused loudly) gets its recorded error as its
+    result, so it is not run a second time either."""
+    if not transition(run, RunStatus.FAILED, RunStatus.QUEUED, generation=F("generation") + 1, lease_owner=None,
+                      lease_expires_at=None, finished_at=None, error="", recoveries=0):
+        return False
+    messages = [m.data for m in RunMessage.objects.filter(run_id=run.pk).order_by("seq")]
+    open_ids = [c["id"] for c in open_calls(messages)]
+    failed = ToolCall.objects.filter(run_id=run.pk, tool_call_id__in=open_ids, status=CallStatus.FAILED)
+    seq = len(messages)
+    for call in failed.order_by("created_at", "id"):
+        result = call.result if isinstance(call.result, dict) and "error" in call.result else {"error": f"{call.name} failed"}
+        RunMessage.objects.create(
+            run_id=run.pk, seq=seq, role="tool",
+            data={"role": "tool", "tool_call_id": call.tool_call_id, "name": call.name, "content": result},
+        )
+        seq += 1
+    run.generation += 1
+    dispatch.enqueue_run(run.pk, run.generation)
+    return True
 
 
 def resolve_unknown(call: ToolCall, *, by: Any = None, rerun: bool, note: str = "") -> None:

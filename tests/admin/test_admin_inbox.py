@@ -107,7 +107,9 @@ def test_inbox_query_count_does_not_grow_with_rows() -> None:
     pending_rows(990)
     with_1000 = changelist_queries(client)
     assert with_10 == with_1000
-    assert with_10 <= 12
+    # 14: the age filter's four index probes (one aggregate scanned every pending row before),
+    # and the runs that need attention named above the list.
+    assert with_10 <= 14
 
 
 # --- permissions ---------------------------------------------------------------------------------------

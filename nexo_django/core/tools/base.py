@@ -83,6 +83,10 @@ class ToolContext:
     search_backend: Callable[[str, int], Any] | None = None
     #: the id of the call being run, unique within the run: an idempotency key for tools
     call_id: str = ""
+    #: the version of the call's file that the approver was shown ("": no file then), or None
+    #: when no version went with the approval. An approval is the informed look that
+    #: read-before-write stands for: ``write`` runs when the file is still that version.
+    approved_version: str | None = None
 
 
 def error(message: str) -> ToolResult:

@@ -45,7 +45,15 @@ def _write(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     path = args["path"]
     rel = ctx.sandbox.normalize(path)
     current = ctx.sandbox.version(path)
-    if current is not None:
+    approved = ctx.approved_version
+    if approved is not None:
+        if (current or "") != approved:
+            what = "was created" if not approved else ("was removed" if current is None else "changed")
+            return error(
+                f"write: {rel!r} {what} after the approver saw it on the decision page; nothing was "
+                "written. Read it again, then propose the write again"
+            )
+    elif current is not None:
         seen = ctx.versions.get(rel)
         if seen is None:
             return error(f"write: {rel!r} exists; read it before overwriting it")

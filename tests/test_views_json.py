@@ -1,0 +1,83 @@
+"""The JSON endpoints for single-page and mobile front ends (issue 24, item 9): a run's status and
+events, and a decision on a call by a user who may decide, with session auth and CSRF. Scripted
+agent, inline queue."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from nexo_django.models import Decision, RunStatus
+from tests.durable_agents import Scribe
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
+
+
+def _user(django_user_model: Any, name: str, *codenames: str) -> Any:
+    user = django_user_model.objects.create_user(name, password="x")
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(content_type__app_label="nexo_django", codename=codename))
+    return user
+
+
+def _client(user: Any) -> Client:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    return client
+
+
+def _csrf(client: Client, run: Any) -> str:
+    client.get(f"/runs/{run.pk}/status/")  # the status endpoint sets the CSRF cookie
+    return client.cookies["csrftoken"].value
+
+
+def test_status_events_and_a_decision_over_json_scripted(example: Path, tmp_path: Path, django_user_model: Any) -> None:
+    ann = _user(django_user_model, "ann", "decide_toolcall")
+    run = Scribe.run("write hi", cwd=tmp_path, user=ann)
+    client = _client(ann)
+    status = client.get(f"/runs/{run.pk}/status/").json()
+    [pending] = status["pending"]
+    events = client.get(f"/runs/{run.pk}/events/").json()
+    assert [e["type"] for e in events["events"]][:1] == ["created"] and events["more"] is False
+    last = events["events"][-1]["id"]
+    url = f"/runs/{run.pk}/calls/{pending['id']}/decide/"
+    body = json.dumps({"verdict": "approve", "digest": pending["digest"]})
+    assert client.post(url, body, content_type="application/json").status_code == 403  # no CSRF token
+    token = _csrf(client, run)
+    decided = client.post(url, body, content_type="application/json", headers={"X-CSRFToken": token})
+    assert decided.status_code == 200, decided.content
+    assert decided.json()["verdict"] == "approved" and decided.json()["run_status"] == RunStatus.DONE
+    assert (tmp_path / "notes.txt").read_text() == "hi"
+    newer = client.get(f"/runs/{run.pk}/events/?after={last}").json()["events"]
+    assert newer and all(e["id"] > last for e in newer)
+    again = client.post(url, body, content_type="application/json", headers={"X-CSRFToken": token})
+    assert again.status_code == 409 and "already decided" in again.json()["error"]
+    assert Decision.objects.count() == 1
+
+
+def test_deciding_needs_the_permission_and_the_digest_shown(example: Path, tmp_path: Path, django_user_model: Any) -> None:
+    ann = _user(django_user_model, "ann")
+    run = Scribe.run("write hi", cwd=tmp_path, user=ann)
+    call = run.pending_calls().get()
+    url = f"/runs/{run.pk}/calls/{call.pk}/decide/"
+    client = _client(ann)
+    token = _csrf(client, run)
+    body = json.dumps({"verdict": "approve", "digest": call.digest})
+    refused = client.post(url, body, content_type="application/json", headers={"X-CSRFToken": token})
+    assert refused.status_code == 403 and "decide_toolcall" in refused.json()["error"]
+    bob = _user(django_user_model, "bob", "decide_toolcall")
+    bob_client = _client(bob)
+    bob_token = _csrf(bob_client, run)
+    stale = bob_client.post(url, json.dumps({"verdict": "approve", "digest": "0" * 64}),
+                            content_type="application/json", headers={"X-CSRFToken": bob_token})
+    assert stale.status_code == 409 and "not the ones you saw" in stale.json()["error"]
+    bad = bob_client.post(url, "{not json", content_type="application/json", headers={"X-CSRFToken": bob_token})
+    assert bad.status_code == 400
+    assert not Decision.objects.exists() and not (tmp_path / "notes.txt").exists()
+    eve = _user(django_user_model, "eve")
+    assert _client(eve).get(f"/runs/{run.pk}/events/").status_code == 404  # not eve's run
