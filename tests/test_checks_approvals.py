@@ -15,6 +15,14 @@ from nexo_django.core.errors import ConfigurationError
 ON = {"EMAIL": True, "SITE_URL": "https://ops.example.com", "REMIND_AFTER": 3600}
 
 
+@pytest.fixture(autouse=True)
+def provider_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The providers' keys, as a configured deployment has them: W008 is tests/test_checks.py's.
+    for prefix in ("OPENAI", "ANTHROPIC"):
+        monkeypatch.setenv(f"{prefix}_API_KEY", "test-key")
+        monkeypatch.delenv(f"{prefix}_BASE_URL", raising=False)
+
+
 def ids(extra: dict[str, Any]) -> list[str]:
     with override_settings(NEXO={"MODEL": "openai:x", **extra}):
         return [m.id for m in check_settings()]

@@ -120,11 +120,12 @@ def test_scripted_a_3_mb_argument_is_decided_by_every_button(tmp_path: Path, act
     assert (tmp_path / "big.txt").exists() == (action == "approve")
 
 
-def test_the_decision_form_posts_the_digest_and_the_note_only(tmp_path: Path) -> None:
+def test_the_decision_form_posts_the_digest_the_file_version_and_the_note_only(tmp_path: Path) -> None:
+    # The file version (a short token, whatever the arguments' size) binds Approve to the diff shown.
     call = pending_write(tmp_path, "x" * 10)
     parser = FormFields("decision-form")
     parser.feed(client_for(approver()).get(decision_url(call)).content.decode())
-    assert set(parser.fields) == {"csrfmiddlewaretoken", "digest", "note"}
+    assert set(parser.fields) == {"csrfmiddlewaretoken", "digest", "file_version", "note"}
 
 
 # --- every page bounded -------------------------------------------------------------------------
