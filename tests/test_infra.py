@@ -256,7 +256,10 @@ def _inner_pytest(tmp_path: Path, name: str) -> tuple[subprocess.Popen[str], Pat
     pids_file = tmp_path / "pids"
     argv = [sys.executable, "-m", "pytest", str(tmp_path / "test_inner.py"), "-k", name, "-p", "tests.conftest",
             "-c", str(REPO_ROOT / "pyproject.toml"), "--rootdir", str(REPO_ROOT), "-p", "no:cacheprovider", "-q"]  # fmt: skip
-    env = {**os.environ, "PIDS_FILE": str(pids_file), "PYTHONPATH": str(REPO_ROOT)}
+    # Not the outer run's coverage or xdist worker variables: the inner run is a plain pytest.
+    outer = ("COV_CORE_", "PYTEST_XDIST", "COVERAGE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(outer)}
+    env.update(PIDS_FILE=str(pids_file), PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, pids_file
 
@@ -276,7 +279,7 @@ def test_workers_are_stopped_when_the_run_is_interrupted(tmp_path: Path) -> None
     try:
         text = wait_until(lambda: pids_file.exists() and pids_file.read_text(), timeout=60, what="inner workers")
         proc.send_signal(signal.SIGINT)  # Ctrl-C
-        output, _ = proc.communicate(timeout=60)
+        output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
