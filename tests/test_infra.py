@@ -260,8 +260,16 @@ def _inner_pytest(tmp_path: Path, name: str) -> tuple[subprocess.Popen[str], Pat
     outer = ("COV_CORE_", "PYTEST_XDIST", "COVERAGE_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(outer)}
     env.update(PIDS_FILE=str(pids_file), PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Ctrl-C as in a terminal, whatever the process running this test did with SIGINT (ignored
+    # or blocked, the child would inherit it; under xdist the inner run once slept through it).
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_default_sigint)  # fmt: skip
     return proc, pids_file
+
+
+def _default_sigint() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.redis
