@@ -36,9 +36,11 @@ def test_python_snippets_run(page: Path, tmp_path: Path, monkeypatch: pytest.Mon
     finally:
         admin.site._registry.clear()
         admin.site._registry.update(registered)
+    assert os.getcwd() == str(tmp_path)
 
 
 def _run_page(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every python block of ``page`` in order, in one namespace, from ``tmp_path``."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("NEXO_MODEL", raising=False)
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem.replace('-', '_')}"}
@@ -48,4 +50,3 @@ def _run_page(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
             exec(code, namespace)
         except Exception as exc:  # name the page and block in the failure
             raise AssertionError(f"{page.name}, python block {number} failed: {exc!r}") from exc
-    assert os.getcwd() == str(tmp_path)
