@@ -164,17 +164,21 @@ def test_jobs_lost_with_redis_are_brought_back_from_the_database(
     runs = [Bumper.run_later(f"bump {i}") for i in range(3)]
     # No worker yet: the jobs sit in Redis. Then Redis loses everything.
     redis_queue_settings.server.flushall()
-    rq_worker(1)
+    workers = rq_worker(1)
     time.sleep(0.5)
     assert {AgentRun.objects.get(pk=r.pk).status for r in runs} == {RunStatus.QUEUED}
     report = reconcile(stale_after=0)
     assert sorted(report.resent) == sorted(str(r.pk) for r in runs)
     for run in runs:
         wait_status(run, RunStatus.SUSPENDED)
-    # Suspended runs survive a Redis restart untouched: they live in the database.
+    # Suspended runs survive a Redis restart untouched: they live in the database. An rq
+    # worker caught mid-command by the restart quits (rq's choice; its supervisor starts it
+    # again), so this one stops first and a fresh one comes up afterwards, as in production.
+    workers.stop()
     redis_queue_settings.server.restart()
     for run in runs:
         AgentRun.objects.get(pk=run.pk).resume(approved=True)
+    rq_worker(1)
     for run in runs:
         wait_status(run, RunStatus.DONE)
     assert sorted(count(counter)) == ["one", "one", "one"]
