@@ -70,9 +70,7 @@ class Inserter:
         ``given``, each field's default."""
         names: list[str] = []
         defaults: list[Any] = []
-        for field in model._meta.concrete_fields:
-            if field.primary_key and field.get_internal_type() in ("AutoField", "BigAutoField"):
-                continue
+        for field in written_fields(model):
             names.append(field.column)
             if field.attname in given:
                 defaults.append(None)
@@ -89,10 +87,7 @@ class Inserter:
     def insert(self, model: Any, given: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
         """Insert rows whose values are those of ``given`` (attnames), in that order."""
         names, defaults = self.columns(model, given)
-        index = {f.attname: i for i, f in enumerate(
-            f for f in model._meta.concrete_fields
-            if not (f.primary_key and f.get_internal_type() in ("AutoField", "BigAutoField"))
-        )}  # fmt: skip
+        index = {f.attname: i for i, f in enumerate(written_fields(model))}
         slots = [index[name] for name in given]
         table = self.connection.ops.quote_name(model._meta.db_table)
         columns = ", ".join(self.connection.ops.quote_name(n) for n in names)
@@ -124,6 +119,15 @@ class Inserter:
                     cursor.executemany(sql, batch)
                     count += len(batch)
         return count
+
+
+def written_fields(model: Any) -> list[Any]:
+    """The columns an INSERT writes: not an automatic key, not a column the database generates."""
+    return [
+        f for f in model._meta.concrete_fields
+        if not (f.primary_key and f.get_internal_type() in ("AutoField", "BigAutoField"))
+        and not getattr(f, "generated", False)
+    ]  # fmt: skip
 
 
 def add_pending(ins: Inserter, start: int, stop: int) -> None:

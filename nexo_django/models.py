@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import models, router
+from django.db.models.functions import Cast, Substr
+from django.db.models.lookups import GreaterThan
 from django.db.models.query import MAX_GET_RESULTS
 
 from .core.errors import ConfigurationError
@@ -173,6 +175,49 @@ class AgentRun(models.Model):
         return operations().retry_run(self, by=by)
 
 
+#: Stored JSON text (characters) past which a page reads a value's head instead of the value.
+BIG_JSON = 4_000_000
+#: Characters of a big value's stored JSON text kept as its head.
+HEAD_CHARS = 64_000
+
+
+class StoredSize(models.Func):
+    """The length of a JSON column's stored text. SQLite reads a BLOB's length without decoding
+    UTF-8 (``length()`` of TEXT counts characters, a scan of the value); elsewhere its text length."""
+
+    function = "LENGTH"
+    output_field = models.IntegerField()
+
+    def __init__(self, field: str) -> None:
+        super().__init__(Cast(models.F(field), output_field=models.TextField()))
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)
+
+
+def stored_size(field: str) -> models.GeneratedField:
+    """A column the database fills when the row is written: the size of ``field``'s stored
+    JSON text, so a page knows a value's size without reading the value."""
+    return models.GeneratedField(expression=StoredSize(field), output_field=models.IntegerField(null=True),
+                                 db_persist=True)
+
+
+class _Head(Substr):
+    # Arguments joined without a space: Django's SQLite introspection splits a table's SQL at
+    # ", " to find its columns, and a generated column's "SUBSTR(x, 1, n)" broke it.
+    arg_joiner = ","
+
+
+def stored_head(field: str) -> models.GeneratedField:
+    """A column the database fills when the row is written: the first ``HEAD_CHARS`` characters
+    of ``field``'s stored JSON text when it is bigger than ``BIG_JSON`` (else NULL), so a page shows
+    the start of a 50 MB value without reading 50 MB."""
+    text = Cast(models.F(field), output_field=models.TextField())
+    head = models.Case(models.When(GreaterThan(StoredSize(field), BIG_JSON), then=_Head(text, 1, HEAD_CHARS)),
+                       default=models.Value(None), output_field=models.TextField())
+    return models.GeneratedField(expression=head, output_field=models.TextField(null=True), db_persist=True)
+
+
 #: the columns written for a transcript message and for an event (``sql.insert``, no keys read back)
 MESSAGE_COLUMNS = ("run_id", "seq", "role", "data", "created_at")
 EVENT_COLUMNS = ("run_id", "type", "data", "created_at")
@@ -188,6 +233,9 @@ class RunMessage(models.Model):
     role = models.CharField(max_length=16)
     data = StoredJSONField()
     created_at = models.DateTimeField(auto_now_add=True)
+    #: Filled by the database on insert (pages read these, not a big ``data``).
+    data_size = stored_size("data")
+    data_head = stored_head("data")
 
     class Meta:
         ordering = ["run", "seq"]
@@ -277,6 +325,11 @@ class ToolCall(models.Model):
     #: When the approvers were emailed about it, and reminded (claimed by a compare-and-set).
     notified_at = models.DateTimeField(null=True, blank=True)
     reminded_at = models.DateTimeField(null=True, blank=True)
+    #: Filled by the database when the row is written (pages read these, not a big value).
+    args_size = stored_size("args")
+    args_head = stored_head("args")
+    result_size = stored_size("result")
+    result_head = stored_head("result")
 
     objects = ToolCallManager()
 

@@ -1,28 +1,28 @@
 """What a page loads of a stored JSON value: all of it when it is of a size a page can use, else
-a prefix cut by the database, so a 50 MB argument is neither read into the web process nor parsed
-to show its first lines. The size is the stored JSON text's length, asked of the database first."""
+the head the database stored beside it, so a 50 MB argument is neither read into the web process
+nor parsed to show its first lines (nor read by the database to cut it)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import F, Func, IntegerField, Model, TextField
-from django.db.models.functions import Cast, Substr
+from django.db.models import Model
 from django.http import HttpRequest
 from django.utils.safestring import SafeString
 
+from .. import models
 from ..bounded import MESSAGE_BYTES, bounded_json, bounded_text, message_view, preview
 from ..models import AgentRun, RunMessage
+from ..storable import RESERVED
 
 #: HTML bytes of one call's arguments (and of its result) on a run's page.
 CALL_CELL_BYTES = 8_000
 
-#: Size of stored JSON past which a page loads a prefix instead of the value (a 3 MB argument
-#: is still loaded, parsed and shown cut; past this, reading it is most of a page's time).
-BIG_JSON = 4_000_000
-#: Characters of stored JSON text loaded for a value past BIG_JSON.
-PREFIX_CHARS = 64_000
+#: Size of stored JSON past which a page reads the value's head instead of the value (a 3 MB
+#: argument is still loaded, parsed and shown cut; past this, reading it is most of a page's time).
+BIG_JSON = models.BIG_JSON
 
 
 @dataclass
@@ -39,39 +39,20 @@ class Stored:
         return self.prefix is not None
 
 
-def _text(field: str) -> Cast:
-    return Cast(F(field), output_field=TextField())
-
-
-class _Size(Func):
-    """The stored size of a JSON column: SQLite reads a BLOB's length without decoding UTF-8
-    (``length()`` of TEXT counts characters, a scan of the value); elsewhere its text length."""
-
-    function = "LENGTH"
-    output_field = IntegerField()
-
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)
-
-
-def _size(field: str) -> Func:
-    return _Size(_text(field))
-
-
 def load(model: type[Model], pk: Any, field: str) -> Stored:
     return load_many(model, [pk], field).get(pk, Stored(None, 0))
 
 
 def load_many(model: type[Model], pks: list[Any], field: str) -> dict[Any, Stored]:
-    """Each row's value of ``field`` by size: one query reads every size with its prefix (one
-    read of a big value), a second the values that are small enough to load."""
+    """Each row's value of ``field`` by size: one query reads the sizes and heads the database
+    stored beside the values when it wrote them (``models.stored_size``/``stored_head``: no big
+    value is read), a second the values that are small enough to load."""
     rows = model._default_manager.filter(pk__in=pks)
-    cut = rows.annotate(nexo_size=_size(field), nexo_prefix=Substr(_text(field), 1, PREFIX_CHARS))
     found: dict[Any, Stored] = {}
     small: dict[Any, int] = {}
-    for pk, size, prefix in cut.values_list("pk", "nexo_size", "nexo_prefix"):
-        if int(size or 0) > BIG_JSON:
-            found[pk] = Stored(None, int(size), str(prefix or ""))
+    for pk, size, head in rows.values_list("pk", f"{field}_size", f"{field}_head"):
+        if head is not None:
+            found[pk] = Stored(None, int(size or 0), str(head))
         else:
             small[pk] = int(size or 0)
     if small:
@@ -80,8 +61,42 @@ def load_many(model: type[Model], pks: list[Any], field: str) -> dict[Any, Store
     return found
 
 
+def head_keys(head: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The top-level ``keys`` of a JSON object that lie whole inside ``head``, the start of its
+    stored text (a big value's head): members are read in order until the cut, so a value
+    is never guessed from part of it. An escaped object (``storable``) yields nothing."""
+    decoder = json.JSONDecoder()
+    found: dict[str, Any] = {}
+    at = _skip(head, 0)
+    if head[at:at + 1] != "{":
+        return found
+    at = _skip(head, at + 1)
+    try:
+        while head[at:at + 1] == '"' and len(found) < len(keys):
+            key, at = decoder.raw_decode(head, at)
+            at = _skip(head, at)
+            if head[at:at + 1] != ":" or key == RESERVED:
+                break
+            value, at = decoder.raw_decode(head, _skip(head, at + 1))
+            if key in keys:
+                found[key] = value
+            at = _skip(head, at)
+            if head[at:at + 1] != ",":
+                break
+            at = _skip(head, at + 1)
+    except ValueError:  # the cut, inside a member
+        pass
+    return found
+
+
+def _skip(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\n\r":
+        at += 1
+    return at
+
+
 def json_size(model: type[Model], pk: Any, field: str) -> int:
-    size = model._default_manager.filter(pk=pk).annotate(nexo_size=_size(field)).values_list("nexo_size", flat=True)
+    size = model._default_manager.filter(pk=pk).values_list(f"{field}_size", flat=True)
     return int(size.first() or 0)
 
 

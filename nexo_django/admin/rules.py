@@ -21,6 +21,7 @@ from django.utils.html import format_html
 from ..display import is_hidden, reveal
 from ..durable import rules, runs
 from ..models import ApprovalRule, RunEvent, ToolCall, Verdict
+from . import loading
 from .base import DECIDE_PERMISSION
 
 
@@ -96,10 +97,14 @@ class ApprovalRuleAdmin(admin.ModelAdmin):
         return int(getattr(obj, "decided_count", 0))
 
 
-def always_allow_context(model_admin: Any, request: HttpRequest, call: ToolCall) -> dict[str, Any]:
+def always_allow_context(
+    model_admin: Any, request: HttpRequest, call: ToolCall, *, head: str | None = None
+) -> dict[str, Any]:
     """What the decision page needs for "approve, and always allow", and to tell the run's
-    starter (self-approval off) why there are no buttons."""
-    suggested = rules.suggested_path(call)
+    starter (self-approval off) why there are no buttons. ``head``: the start of arguments too
+    big to load (admin.loading), where the suggestion's ``path`` or ``command`` is looked for."""
+    args = None if head is None else loading.head_keys(head, ("path", "command"))
+    suggested = rules.suggested_path(call, args)
     kind = "command" if call.capability == "shell" else "path" if call.capability in rules.PATH_CAPABILITIES else ""
     return {
         "is_requester": not model_admin.has_decide_permission(request, call) and model_admin.has_decide_permission(request),

@@ -360,7 +360,7 @@ def _decision_page(
         "editing": editing,
         "other_pending": other,
         "other_pending_more": len(pending) > OTHER_PENDING_SHOWN,
-        **admin_rules.always_allow_context(model_admin, request, call),
+        **admin_rules.always_allow_context(model_admin, request, call, head=stored.prefix),
         **transcript_context(model_admin, request, run),
     }
     return TemplateResponse(request, model_admin.decision_template, context)

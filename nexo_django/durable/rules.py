@@ -111,13 +111,16 @@ def choose(
     return chosen
 
 
-def suggested_path(call: ToolCall) -> str:
+def suggested_path(call: ToolCall, args: Any = None) -> str:
     """What the decision page offers for "always allow": the call's folder (``/notes/*``), the
-    exact command of a shell call, nothing for other tools."""
+    exact command of a shell call, nothing for other tools. ``args``: the call's arguments, or
+    the part of them a page loaded (``path``, ``command``), instead of ``call.args``."""
+    if args is None:
+        args = call.args
     if call.capability == "shell":
-        command = call.args.get("command") if isinstance(call.args, dict) else None
+        command = args.get("command") if isinstance(args, dict) else None
         return command if isinstance(command, str) else ""
-    path = gate_path(call.capability, call.args)
+    path = gate_path(call.capability, args)
     if path is None:
         return ""
     folder = path.rsplit("/", 1)[0]

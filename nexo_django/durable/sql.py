@@ -240,7 +240,7 @@ def bulk_create[M: Model](objs: list[M], *, signals: bool = False) -> list[M]:
         for obj in objs:
             obj.save(force_insert=True, using=alias)
         return objs
-    fields = [f for f in model._meta.concrete_fields if not (auto_pk and f is pk)]
+    fields = _insert_fields(model)
     rows = [[f.pre_save(obj, add=True) for f in fields] for obj in objs]
     pks = insert(model, [f.attname for f in fields], rows, returning=auto_pk)
     for i, obj in enumerate(objs):
@@ -687,8 +687,10 @@ def _auto_pk(model: type[Model]) -> bool:
 
 
 def _insert_fields(model: type[Model]) -> list[Field[Any, Any]]:
+    """The fields an INSERT writes: not an automatic key, not a column the database generates."""
     pk = _pk(model)
-    return [f for f in model._meta.concrete_fields if not (_auto_pk(model) and f is pk)]
+    return [f for f in model._meta.concrete_fields
+            if not (_auto_pk(model) and f is pk) and not getattr(f, "generated", False)]
 
 
 def _shape(step: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -231,15 +231,15 @@ def test_scripted_a_decided_call_is_no_longer_downloadable_from_the_inbox(tmp_pa
     assert client.get(arguments_url(call)).status_code == 404
 
 
-def test_scripted_arguments_past_the_load_limit_are_cut_by_the_database(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from nexo_django.admin import loading
+def test_scripted_arguments_past_the_load_limit_are_cut_by_the_database(tmp_path: Path) -> None:
+    from nexo_django.models import BIG_JSON, HEAD_CHARS, ToolCall
 
-    monkeypatch.setattr(loading, "BIG_JSON", 20_000)  # as a 50 MB argument is past the real limit
-    monkeypatch.setattr(loading, "PREFIX_CHARS", 5_000)
-    content = "\u202e" + "a line of the file\n" * 5_000
+    content = "\u202e" + "a line of the file\n" * (BIG_JSON // 19 + 1_000)  # just past the limit
     call = pending_write(tmp_path, content)
+    # The database stored the size and the head beside the value when it wrote the row.
+    size, head = ToolCall.objects.values_list("args_size", "args_head").get(pk=call.pk)
+    assert size > BIG_JSON and head is not None and len(head) == HEAD_CHARS
+    assert ToolCall.objects.values_list("result_head", flat=True).get(pk=call.pk) is None
     client = client_for(approver())
     html = client.get(decision_url(call)).content.decode()
     assert 'id="args-clipped"' in html and "bytes of JSON, too many to load into this page" in html
@@ -248,8 +248,24 @@ def test_scripted_arguments_past_the_load_limit_are_cut_by_the_database(
     assert "\u202e" not in html, html[html.index("\u202e") - 300 : html.index("\u202e") + 50]
     assert 'id="hidden-warning"' in html
     assert len(html) < 200_000
+    # "Always allow" still suggests the call's path, read from the head, not from the value.
+    assert 'name="rule_path" id="id_rule_path" value="/big.txt"' in html
     run_page = client.get(run_url(call.run)).content.decode()
     assert "\u202e" not in run_page and len(run_page) < 200_000
     # The decision itself does not depend on what the page loaded.
     assert browser_post(client, call, "approve").status_code == 302
     assert (tmp_path / "big.txt").read_text() == content
+
+
+@pytest.mark.parametrize(("head", "found"), [
+    ('{"path": "a/b.txt", "content": "the cut falls in this val', {"path": "a/b.txt"}),
+    ('{ "content" : "x",\n "path": "p", "command": ["ls"]}', {"path": "p", "command": ["ls"]}),
+    ('{"content": "x", "path": "a/b', {}),  # the path itself is cut: never guessed
+    ('{"__nexo__": "dict", "v": [["path", "x"]]}', {}),  # an escaped object: nothing read plainly
+    ('["path", "x"]', {}),
+    ("", {}),
+])
+def test_head_keys_reads_only_members_whole_inside_the_head(head: str, found: dict[str, Any]) -> None:
+    from nexo_django.admin.loading import head_keys
+
+    assert head_keys(head, ("path", "command")) == found
