@@ -7,12 +7,9 @@ it instead (``admin.site.unregister(PendingApproval); admin.site.register(Pendin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin.filters import AllValuesFieldListFilter
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
@@ -27,7 +24,6 @@ from django.views.decorators.clickjacking import xframe_options_deny
 
 from ..bounded import preview
 from ..conf import nexo_settings
-from ..core.permissions import CAPABILITIES
 from ..display import mark_hidden, reveal
 from ..durable import runs
 from ..durable.queue_health import queue_warning
@@ -41,91 +37,12 @@ from ..models import (
 )
 from . import audit, downloads, rules, views
 from .base import NexoModelAdmin
+from .filters import AgeFilter, AgentFilter, CapabilityFilter, RunAgentFilter, ToolFilter
 from .forms import DecisionForm
 from .previews import CallPreview, call_preview
 
-if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin
-
 #: registered on import, beside the inbox (rules are decisions made ahead of time)
 ApprovalRuleAdmin = rules.ApprovalRuleAdmin
-
-
-# --- filters ---------------------------------------------------------------------------------------
-
-
-class AgentFilter(admin.SimpleListFilter):
-    title = "agent"
-    parameter_name = "agent"
-    field = "agent"  # ToolCall.agent, copied from the run: filtered from an index
-
-    def lookups(self, request: HttpRequest, model_admin: ModelAdmin[Any]) -> list[tuple[str, str]]:
-        paths = model_admin.get_queryset(request).order_by().values_list(self.field, flat=True).distinct()
-        return sorted(((p, mark_hidden(p.rsplit(".", 1)[-1])) for p in paths), key=lambda item: item[1])
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        return queryset.filter(**{self.field: value}) if value else queryset
-
-
-class RunAgentFilter(AgentFilter):
-    field = "agent"
-
-
-class CapabilityFilter(admin.SimpleListFilter):
-    """Only the capabilities some listed call has, in the fixed order of CAPABILITIES."""
-
-    title = "capability"
-    parameter_name = "capability"
-
-    def lookups(self, request: HttpRequest, model_admin: ModelAdmin[Any]) -> list[tuple[str, str]]:
-        present = set(model_admin.get_queryset(request).order_by().values_list("capability", flat=True).distinct())
-        return [(c, c) for c in (*CAPABILITIES, "mcp") if c in present]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        return queryset.filter(capability=value) if value else queryset
-
-
-class AgeFilter(admin.SimpleListFilter):
-    title = "age"
-    parameter_name = "age"
-    SPANS = {
-        "new": ("less than an hour old", timedelta(hours=1)),
-        "1h": ("older than an hour", timedelta(hours=1)),
-        "1d": ("older than a day", timedelta(days=1)),
-        "7d": ("older than a week", timedelta(days=7)),
-    }
-
-    def lookups(self, request: HttpRequest, model_admin: ModelAdmin[Any]) -> list[tuple[str, str]]:
-        # Only the spans some listed row falls in: one EXISTS probe each, answered from the
-        # (status, created_at) index at any size (counting every row cost 82 ms at 100k).
-        now = timezone.now()
-        rows = model_admin.get_queryset(request).order_by()
-        return [
-            (key, label) for key, (label, span) in self.SPANS.items()
-            if rows.filter(**{"created_at__gte" if key == "new" else "created_at__lt": now - span}).exists()
-        ]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        if value not in self.SPANS:
-            return queryset
-        cutoff = timezone.now() - self.SPANS[value][1]
-        return queryset.filter(created_at__gte=cutoff) if value == "new" else queryset.filter(created_at__lt=cutoff)
-
-
-class ToolFilter(AllValuesFieldListFilter):
-    """Tool names come from MCP servers too: listed with their hidden characters shown."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.title = "tool"
-
-    def choices(self, changelist: Any) -> Iterator[Any]:
-        for choice in super().choices(changelist):
-            choice["display"] = mark_hidden(choice["display"])
-            yield choice
 
 
 # --- shared pieces ---------------------------------------------------------------------------------
