@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from django.contrib.auth.mixins import LoginRequiredMixin
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import (
     Http404,
@@ -31,7 +32,7 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.generic import DetailView, ListView
 
 from .bounded import bounded_json, bounded_text, long_strings, message_view
-from .core.errors import AlreadyDecided, StaleDecision
+from .core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision
 from .display import is_hidden
 from .durable import runs
 from .durable.queue_health import queue_warning
@@ -113,6 +114,10 @@ def transcript_entries(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return entries
 
 
+#: Stored JSON of a pending call's arguments the status endpoint serves (a bigger one: None).
+JSON_ARGS_MAX = 256_000
+
+
 def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
     """What the JSON status endpoint answers; ``version`` changes whenever the page would. With
     ``operator`` false, the error is in plain words (:func:`public_error`)."""
@@ -130,7 +135,12 @@ def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
         "messages": messages,
         "pending": [
             {"id": c.pk, "tool_call_id": c.tool_call_id, "name": c.name, "capability": c.capability,
-             "digest": c.digest, "inbox_url": inbox_url(c)}
+             "digest": c.digest, "inbox_url": inbox_url(c),
+             # What is decided: the arguments (up to JSON_ARGS_MAX of stored JSON; past it, None and
+             # their size), and for a write the version of the file it would replace, to bind an
+             # approval to.
+             "args": c.args if (c.args_size or 0) <= JSON_ARGS_MAX else None, "args_size": c.args_size,
+             "file_version": runs.file_version_now(run, c)}
             for c in pending
         ],
         "updated_at": run.updated_at.isoformat(),
@@ -262,9 +272,16 @@ class RunEventsView(View):
 class CallDecisionView(View):
     """JSON: decide one pending call of a run. POST only, with the session's CSRF token (the
     ``X-CSRFToken`` header, as Django's docs show for JavaScript), by a user holding
-    ``nexo_django.decide_toolcall``. The body is JSON: ``{"verdict": "approve"|"deny", "digest":
-    <the digest the front end showed>, "note": ""}``; a stale digest or a call decided meanwhile
-    is a 409 that says why."""
+    ``nexo_django.decide_toolcall``. The body is JSON::
+
+        {"verdict": "approve" | "deny", "digest": "<the digest the front end showed>",
+         "note": "", "stop": false, "args": {...}, "file_version": "..."}
+
+    ``stop`` (with a denial) stops the run; ``args`` (with an approval) are edited arguments, checked
+    like the admin's editor; ``file_version`` binds the approval of a ``write`` to the file version
+    the front end showed (the status endpoint serves it as ``pending[].file_version``). A stale
+    digest, a call decided meanwhile or an expired one is a 409 that says why; edited arguments
+    that fail their check are a 400."""
 
     http_method_names = ["post"]
 
@@ -278,16 +295,41 @@ class CallDecisionView(View):
             body = json.loads(request.body or b"{}")
         except ValueError:
             return JsonResponse({"error": "the body must be JSON: {\"verdict\": ..., \"digest\": ...}"}, status=400)
-        verdict, digest, note = (body.get("verdict"), body.get("digest"), body.get("note", "")) if isinstance(body, dict) else (None, None, None)
-        if verdict not in ("approve", "deny") or not isinstance(digest, str) or not isinstance(note, str):
-            return JsonResponse({"error": "give verdict \"approve\" or \"deny\", the digest you showed, and an optional note"}, status=400)
+        refused = _decision_refused(body)
+        if refused:
+            return JsonResponse({"error": refused}, status=400)
         call = ToolCall.objects.filter(run=run, pk=call_pk).first()
         if call is None:
             return JsonResponse({"error": "no such call in this run"}, status=404)
+        approved = body["verdict"] == "approve"
         try:
-            decision = runs.decide(call, approved=verdict == "approve", by=request.user, note=note[:2000],
-                                   digest=digest, source="json")
+            decision = runs.decide(
+                call, approved=approved, by=request.user, note=body.get("note", "")[:2000], digest=body["digest"],
+                source="json", stop=bool(body.get("stop")), args=body.get("args"), file_version=body.get("file_version"),
+            )
         except (AlreadyDecided, StaleDecision) as exc:
             return JsonResponse({"error": str(exc)}, status=409)
+        except InvalidEditedArguments as exc:
+            return JsonResponse({"error": str(exc)}, status=400)
+        except PermissionDenied as exc:
+            return JsonResponse({"error": str(exc) or "you may not decide this call"}, status=403)
         run.refresh_from_db()
-        return JsonResponse({"verdict": decision.verdict, "digest": decision.digest, "run_status": run.status})
+        return JsonResponse({"verdict": decision.verdict, "digest": decision.digest, "stop": decision.stop,
+                             "run_status": run.status})
+
+
+def _decision_refused(body: Any) -> str:
+    """What is wrong with a decision's JSON body, or "" when nothing is."""
+    usage = ('give verdict "approve" or "deny", the digest you showed, and optionally a note, '
+             '"stop": true (with a denial) or edited "args" (an object, with an approval)')
+    if not isinstance(body, dict) or body.get("verdict") not in ("approve", "deny") or not isinstance(body.get("digest"), str):
+        return usage
+    if not isinstance(body.get("note", ""), str) or not isinstance(body.get("stop", False), bool):
+        return usage
+    if body.get("stop") and body["verdict"] != "deny":
+        return '"stop" goes with a denial: it stops the run instead of telling the model'
+    if body.get("args") is not None and (body["verdict"] != "approve" or not isinstance(body["args"], dict)):
+        return 'edited "args" are an object, and go with an approval'
+    if body.get("file_version") is not None and not isinstance(body["file_version"], str):
+        return '"file_version" is the version string the front end showed'
+    return ""

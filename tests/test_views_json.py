@@ -81,3 +81,68 @@ def test_deciding_needs_the_permission_and_the_digest_shown(example: Path, tmp_p
     assert not Decision.objects.exists() and not (tmp_path / "notes.txt").exists()
     eve = _user(django_user_model, "eve")
     assert _client(eve).get(f"/runs/{run.pk}/events/").status_code == 404  # not eve's run
+
+
+def _decide(client: Client, run: Any, call_id: int, token: str, **body: Any) -> Any:
+    return client.post(f"/runs/{run.pk}/calls/{call_id}/decide/", json.dumps(body),
+                       content_type="application/json", headers={"X-CSRFToken": token})
+
+
+def test_deny_and_stop_over_json_stops_the_run_scripted(example: Path, tmp_path: Path, django_user_model: Any) -> None:
+    ann = _user(django_user_model, "ann", "decide_toolcall")
+    run = Scribe.run("write hi", cwd=tmp_path, user=ann)
+    client = _client(ann)
+    token = _csrf(client, run)
+    [pending] = client.get(f"/runs/{run.pk}/status/").json()["pending"]
+    assert pending["args"] == {"path": "notes.txt", "content": "hi"} and pending["file_version"] == ""
+    wrong = _decide(client, run, pending["id"], token, verdict="approve", digest=pending["digest"], stop=True)
+    assert wrong.status_code == 400 and "goes with a denial" in wrong.json()["error"]
+    stopped = _decide(client, run, pending["id"], token, verdict="deny", digest=pending["digest"], stop=True, note="no")
+    assert stopped.status_code == 200, stopped.content
+    assert stopped.json()["stop"] is True and stopped.json()["run_status"] == RunStatus.CANCELLED
+    decision = Decision.objects.get()
+    assert decision.stop is True and decision.source == "json"
+    assert not (tmp_path / "notes.txt").exists()
+
+
+def test_approve_with_edited_arguments_over_json_scripted(example: Path, tmp_path: Path, django_user_model: Any) -> None:
+    ann = _user(django_user_model, "ann", "decide_toolcall")
+    run = Scribe.run("write hi", cwd=tmp_path, user=ann)
+    client = _client(ann)
+    token = _csrf(client, run)
+    [pending] = client.get(f"/runs/{run.pk}/status/").json()["pending"]
+    escape = _decide(client, run, pending["id"], token, verdict="approve", digest=pending["digest"],
+                     args={"path": "../outside.txt", "content": "x"})
+    assert escape.status_code == 400 and "edited arguments refused" in escape.json()["error"]
+    assert not (tmp_path.parent / "outside.txt").exists() and not Decision.objects.exists()
+    denied_edit = _decide(client, run, pending["id"], token, verdict="deny", digest=pending["digest"], args={})
+    assert denied_edit.status_code == 400 and "go with an approval" in denied_edit.json()["error"]
+    edited = _decide(client, run, pending["id"], token, verdict="approve", digest=pending["digest"],
+                     args={"path": "notes.txt", "content": "edited"})
+    assert edited.status_code == 200, edited.content
+    assert (tmp_path / "notes.txt").read_text() == "edited"
+    assert Decision.objects.get().args == {"path": "notes.txt", "content": "edited"}
+
+
+def test_an_overwrite_approved_over_json_is_bound_to_the_version_served_scripted(
+    example: Path, tmp_path: Path, django_user_model: Any
+) -> None:
+    target = tmp_path / "notes.txt"
+    target.write_text("old notes\n")
+    ann = _user(django_user_model, "ann", "decide_toolcall")
+    client = _client(ann)
+    first = Scribe.run("write hi", cwd=tmp_path, user=ann)
+    token = _csrf(client, first)
+    [pending] = client.get(f"/runs/{first.pk}/status/").json()["pending"]
+    assert pending["file_version"]  # the version of the file it would replace
+    target.write_text("someone else's edit\n")  # changed after the front end showed it
+    response = _decide(client, first, pending["id"], token, verdict="approve", digest=pending["digest"],
+                       file_version=pending["file_version"])
+    assert response.status_code == 200
+    assert target.read_text() == "someone else's edit\n"
+    second = Scribe.run("write hi", cwd=tmp_path, user=ann)
+    [pending] = client.get(f"/runs/{second.pk}/status/").json()["pending"]
+    response = _decide(client, second, pending["id"], token, verdict="approve", digest=pending["digest"],
+                       file_version=pending["file_version"])
+    assert response.status_code == 200 and response.json()["run_status"] == RunStatus.DONE
+    assert target.read_text() == "hi"

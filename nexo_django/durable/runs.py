@@ -31,6 +31,7 @@ from ..core.errors import (
     LeaseLost,
     MaxTurnsExceeded,
     ModelError,
+    NexoError,
     SecurityError,
     StaleDecision,
     ToolArgumentError,
@@ -423,6 +424,25 @@ def check_edited_args(run: AgentRun, call: ToolCall, args: Any) -> None:
         tool.gate(args, ToolContext(sandbox=agent.workspace, permissions=agent.gate.with_decision(True)))
     except (ToolArgumentError, Denied, SecurityError) as exc:
         raise InvalidEditedArguments(f"edited arguments refused: {exc}") from exc
+    finally:
+        agent.close()
+
+
+def file_version_now(run: AgentRun, call: ToolCall) -> str | None:
+    """For a pending ``write``: the version of the file it would write over as it is now (``""``:
+    no such file), which an approval may be bound to (``decide(..., file_version=)``); None for
+    another call or a file that cannot be looked at. A front end shows the file, then sends this."""
+    args = call.args if isinstance(call.args, dict) else {}
+    if call.capability != "write" or call.name != "write" or not isinstance(args.get("path"), str):
+        return None
+    try:
+        agent = build_agent(run)
+    except Exception:  # an agent that no longer imports: nothing to bind to
+        return None
+    try:
+        return agent.workspace.version(args["path"]) or ""
+    except (SecurityError, OSError, NexoError):
+        return None
     finally:
         agent.close()
 
