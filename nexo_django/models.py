@@ -174,6 +174,17 @@ class AgentRun(models.Model):
         ``failed`` run back up where it stopped (nothing that ran runs again)."""
         return operations().retry_run(self, by=by)
 
+    # For async views: each the method above, run in Django's sync thread (as ``sync_to_async``
+    # does for the ORM); with an inline queue the resumed run runs there too.
+    async def aresume(self, approved: bool = True, *, by: Any = None, note: str = "") -> AgentRun:
+        return await sync_to_async(self.resume)(approved, by=by, note=note)
+
+    async def acancel(self, *, by: Any = None, reason: str = "") -> bool:
+        return await sync_to_async(self.cancel)(by=by, reason=reason)
+
+    async def aretry(self, *, by: Any = None) -> bool:
+        return await sync_to_async(self.retry)(by=by)
+
 
 #: Stored JSON text (characters) past which a page reads a value's head instead of the value.
 BIG_JSON = 4_000_000
@@ -375,6 +386,14 @@ class ToolCall(models.Model):
         source: str = "api",
     ) -> Decision:
         return operations().decide(self, approved=False, by=by, note=note, stop=stop, digest=digest, source=source)
+
+    async def aapprove(self, **kwargs: Any) -> Decision:
+        """``approve()`` for async views (the same keywords)."""
+        return await sync_to_async(self.approve)(**kwargs)
+
+    async def adeny(self, **kwargs: Any) -> Decision:
+        """``deny()`` for async views (the same keywords)."""
+        return await sync_to_async(self.deny)(**kwargs)
 
     def resolve_unknown(self, *, by: Any = None, rerun: bool, note: str = "") -> None:
         """A person settles an ``outcome_unknown`` call: run it again, or tell the model it may

@@ -38,9 +38,22 @@ async def pending_view(request: HttpRequest, pk: str) -> JsonResponse:
     return JsonResponse({"status": run.status, "pending": [c.name for c in calls]})
 
 
+@csrf_exempt
+async def decide_view(request: HttpRequest, pk: str) -> JsonResponse:
+    """Approve, deny or cancel from an async view: the model's async methods."""
+    run = await AgentRun.objects.aget(pk=pk)
+    action = json.loads(request.body)["action"]
+    if action == "cancel":
+        return JsonResponse({"cancelled": await run.acancel(reason="from an async view")})
+    [call] = await run.apending_calls()
+    decision = await (call.aapprove(note="async") if action == "approve" else call.adeny(stop=True))
+    return JsonResponse({"verdict": decision.verdict})
+
+
 urlpatterns = [
     path("start/", start_view),
     path("runs/<uuid:pk>/pending/", pending_view),
+    path("runs/<uuid:pk>/decide/", decide_view),
 ]
 
 
@@ -85,3 +98,16 @@ def test_async_views_start_a_run_and_read_its_pending_calls_scripted(asgi_server
         assert pending.status_code == 200, pending.text
     assert json.loads(pending.text) == {"status": RunStatus.SUSPENDED, "pending": ["write"]}
     assert AgentRun.objects.get(pk=run_id).status == RunStatus.SUSPENDED
+
+
+def test_async_views_approve_deny_and_cancel_scripted(asgi_server: str, tmp_path: Path) -> None:
+    with httpx.Client(base_url=asgi_server, timeout=10, trust_env=False) as client:
+        ids = [client.post("/start/").json()["id"] for _ in range(3)]
+        approved = client.post(f"/runs/{ids[0]}/decide/", content=json.dumps({"action": "approve"}))
+        denied = client.post(f"/runs/{ids[1]}/decide/", content=json.dumps({"action": "deny"}))
+        cancelled = client.post(f"/runs/{ids[2]}/decide/", content=json.dumps({"action": "cancel"}))
+    assert approved.json() == {"verdict": "approved"} and denied.json() == {"verdict": "denied"}
+    assert cancelled.json() == {"cancelled": True}
+    # The inline queue resumed the approved run inside the request: it wrote, and finished.
+    assert [AgentRun.objects.get(pk=i).status for i in ids] == [RunStatus.DONE, RunStatus.CANCELLED, RunStatus.CANCELLED]
+    assert (tmp_path / "notes.txt").read_text() == "hi"
