@@ -9,8 +9,7 @@ $(STAMP): pyproject.toml
 	@python=$$(scripts/find-python) || exit 1; \
 	  echo "creating $(VENV) with $$python"; \
 	  "$$python" -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	scripts/install $(PY) -e '.[test]'
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -83,7 +82,7 @@ test: lint typecheck
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test,bench]'
+	scripts/install $(PY) -e '.[test,bench]'
 	@touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

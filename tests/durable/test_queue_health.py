@@ -23,7 +23,9 @@ from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, RunStatus
 from tests.durable_agents import Scribe
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
+# Not `durable`: what these test (Redis and the workers' registrations) does not depend on the
+# database, so the PostgreSQL pass leaves them to the SQLite run (docs/testing.md).
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 OTHER = "elsewhere"
 
