@@ -88,12 +88,19 @@ def _decide(client: Client, run: Any, call_id: int, token: str, **body: Any) -> 
                        content_type="application/json", headers={"X-CSRFToken": token})
 
 
-def test_deny_and_stop_over_json_stops_the_run_scripted(example: Path, tmp_path: Path, django_user_model: Any) -> None:
+def _waiting_run(django_user_model: Any, tmp_path: Path) -> tuple[Any, Client, str, dict[str, Any]]:
+    """A scripted Scribe run of a user who may decide, waiting on its write: the run, the user's
+    client, its CSRF token and the pending call as the status endpoint serves it."""
     ann = _user(django_user_model, "ann", "decide_toolcall")
     run = Scribe.run("write hi", cwd=tmp_path, user=ann)
     client = _client(ann)
     token = _csrf(client, run)
     [pending] = client.get(f"/runs/{run.pk}/status/").json()["pending"]
+    return run, client, token, pending
+
+
+def test_deny_and_stop_over_json_stops_the_run_scripted(example: Path, tmp_path: Path, django_user_model: Any) -> None:
+    run, client, token, pending = _waiting_run(django_user_model, tmp_path)
     assert pending["args"] == {"path": "notes.txt", "content": "hi"} and pending["file_version"] == ""
     wrong = _decide(client, run, pending["id"], token, verdict="approve", digest=pending["digest"], stop=True)
     assert wrong.status_code == 400 and "goes with a denial" in wrong.json()["error"]
@@ -106,11 +113,7 @@ def test_deny_and_stop_over_json_stops_the_run_scripted(example: Path, tmp_path:
 
 
 def test_approve_with_edited_arguments_over_json_scripted(example: Path, tmp_path: Path, django_user_model: Any) -> None:
-    ann = _user(django_user_model, "ann", "decide_toolcall")
-    run = Scribe.run("write hi", cwd=tmp_path, user=ann)
-    client = _client(ann)
-    token = _csrf(client, run)
-    [pending] = client.get(f"/runs/{run.pk}/status/").json()["pending"]
+    run, client, token, pending = _waiting_run(django_user_model, tmp_path)
     escape = _decide(client, run, pending["id"], token, verdict="approve", digest=pending["digest"],
                      args={"path": "../outside.txt", "content": "x"})
     assert escape.status_code == 400 and "edited arguments refused" in escape.json()["error"]
