@@ -6,15 +6,17 @@ on this machine:
 
 - **nexo, concurrent worker**: one ``manage.py nexo_worker --concurrency N`` process, PostgreSQL
   with Django's connection pool (``OPTIONS["pool"]``, ``--pool`` connections at most), real Redis;
-  ``--runs`` runs (``bench.agents.Echoer``) sent with ``run_later`` at once;
+  ``--runs`` runs (``bench.agents.Echoer``) sent with ``run_later`` while the worker is suspended
+  (``rq suspend``), timed from its resumption (the sending is shown apart: ``send_s``);
 - **the asyncio peer**: the OpenAI Agents SDK's ``Runner.run`` for ``--runs`` runs under
   ``asyncio.gather`` in one process (a child of this one), the same agent shape and server;
 - **nexo, today's SimpleWorker**: ``--simple-workers`` ``rqworker`` processes, one run in flight
   each, ``--simple-runs`` runs.
 
-Printed: runs in flight at once (the server's peak of open requests), the worker processes' peak
+Printed: runs in flight at once (the server's peak of open requests; for nexo also the peak of
+runs ``running`` in the database: claimed and not closed, waiting on the model or a CPU), the worker processes' peak
 PSS (``/proc/PID/smaps_rollup``, sampled every 0.1 s), runs in flight per GiB of it, runs/s from
-the first run sent to the last one done, and, for nexo, PostgreSQL connections (peak in
+the start (the gather; the workers' resumption) to the last run done, and, for nexo, PostgreSQL connections (peak in
 ``pg_stat_activity``) beside the pool's size. Each side first runs a few untimed warm-up runs.
 
     python -m bench.concurrency [--runs 500] [--pool 10] [--delay 1.0] [--simple-workers 8] [--simple-runs 48]
@@ -146,30 +148,40 @@ def pss_bytes(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time the process has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Sampler:
     """Every 0.1 s: the summed PSS of ``pids()`` and whatever ``extra`` returns; keeps the peaks."""
 
-    def __init__(self, pids: Callable[[], list[int]], extra: Callable[[], int] | None = None) -> None:
+    def __init__(self, pids: Callable[[], list[int]], *extra: Callable[[], int]) -> None:
         self.pids = pids
         self.extra = extra
         self.peak_pss = 0
-        self.peak_extra = 0
+        self.peaks = [0] * len(extra)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="sampler")
 
     def __enter__(self) -> Sampler:
+        self._cpu = sum(cpu_seconds(pid) for pid in self.pids())
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.cpu = sum(cpu_seconds(pid) for pid in self.pids()) - self._cpu
         self._stop.set()
         self._thread.join(5)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.peak_pss = max(self.peak_pss, sum(pss_bytes(pid) for pid in self.pids()))
-            if self.extra is not None:
-                self.peak_extra = max(self.peak_extra, self.extra())
+            self.peaks = [max(peak, read()) for peak, read in zip(self.peaks, self.extra, strict=True)]
             self._stop.wait(0.1)
 
 
@@ -205,6 +217,13 @@ def db_connections() -> int:
         return int(cursor.fetchone()[0])
 
 
+def running_runs() -> int:
+    """Runs claimed and not closed yet: what the workers carry (waiting on the model or on a CPU)."""
+    from nexo_django.models import AgentRun
+
+    return AgentRun.objects.filter(status="running").count()
+
+
 def send_runs(count: int) -> list[Any]:
     from bench.agents import Echoer
 
@@ -227,18 +246,28 @@ def check_done(ids: list[Any]) -> None:
 
 
 def measure_nexo(server: SlowServer, workers: Any, count: int, warmup: int) -> dict[str, float]:
+    import django_rq
+    from rq.suspension import resume, suspend
+
     warm = [r.pk for r in send_runs(warmup)]
     wait_for(lambda: all_done(warm), "the warm-up runs")
+    # The runs are all sent while the workers are suspended (rq's own `rq suspend`), then the
+    # workers resume: like the peer's gather, the timed part starts with every run ready.
+    redis = django_rq.get_connection("default")
+    suspend(redis)
+    start = time.perf_counter()
+    ids = [r.pk for r in send_runs(count)]
+    sent = time.perf_counter() - start
     server.reset()
-    with Sampler(lambda: workers.pids, db_connections) as sampler:
+    with Sampler(lambda: workers.pids, db_connections, running_runs) as sampler:
         start = time.perf_counter()
-        ids = [r.pk for r in send_runs(count)]
-        sent = time.perf_counter() - start
+        resume(redis)
         wait_for(lambda: all_done(ids), f"{count} runs")
         elapsed = time.perf_counter() - start
     check_done(ids)
     return {"in_flight": server.peak, "pss": sampler.peak_pss, "runs_per_s": count / elapsed,
-            "seconds": elapsed, "send_s": sent, "db_connections": sampler.peak_extra}  # fmt: skip
+            "seconds": elapsed, "send_s": sent, "db_connections": sampler.peaks[0], "running": sampler.peaks[1],
+            "cpu_ms_per_run": sampler.cpu * 1e3 / count}  # fmt: skip
 
 
 def nexo_concurrent(server: SlowServer, redis_url: str, count: int, pool: int) -> dict[str, float]:
@@ -325,7 +354,7 @@ def peer(server: SlowServer, count: int) -> dict[str, float]:
         proc.stdin.close()
         proc.wait(30)
     return {"in_flight": server.peak, "pss": sampler.peak_pss, "runs_per_s": count / elapsed,
-            "seconds": elapsed, "gather_s": inner}  # fmt: skip
+            "seconds": elapsed, "gather_s": inner, "cpu_ms_per_run": sampler.cpu * 1e3 / count}  # fmt: skip
 
 
 # --- main ---------------------------------------------------------------------------------------------------
@@ -336,7 +365,7 @@ def print_side(side: str, result: dict[str, float], processes: int, **extra: Any
     figure(
         "concurrency", side=side, processes=processes, runs_in_flight=result["in_flight"],
         pss_mib=pss / 2**20, runs_in_flight_per_gib=result["in_flight"] / (pss / GIB) if pss else 0.0,
-        runs_per_s=result["runs_per_s"], seconds=result["seconds"], **extra,
+        runs_per_s=result["runs_per_s"], seconds=result["seconds"], cpu_ms_per_run=result["cpu_ms_per_run"], **extra,
     )  # fmt: skip
 
 
@@ -364,8 +393,8 @@ def main() -> None:
         setup_django(postgres_url(), redis_url=redis_server.url)
         note(f"nexo: one concurrent worker, {args.runs} runs, pool of {args.pool}")
         nexo = nexo_concurrent(server, redis_server.url, args.runs, args.pool)
-        print_side("nexo_concurrent_worker", nexo, 1, pool=args.pool, pg_connections=nexo["db_connections"],
-                   send_s=nexo["send_s"])  # fmt: skip
+        print_side("nexo_concurrent_worker", nexo, 1, runs_running_peak=nexo["running"], pool=args.pool,
+                   pg_connections=nexo["db_connections"], send_s=nexo["send_s"])  # fmt: skip
         if "peer" not in args.skip:
             note(f"peer: the OpenAI Agents SDK, {args.runs} Runner.run under asyncio.gather")
             other = peer(server, args.runs)
@@ -375,7 +404,8 @@ def main() -> None:
         if "simple" not in args.skip:
             note(f"nexo today: {args.simple_workers} SimpleWorker processes, {args.simple_runs} runs")
             simple = nexo_simple(server, redis_server.url, args.simple_workers, args.simple_runs)
-            print_side("nexo_simple_workers", simple, args.simple_workers, pg_connections=simple["db_connections"])
+            print_side("nexo_simple_workers", simple, args.simple_workers, runs_running_peak=simple["running"],
+                       pg_connections=simple["db_connections"])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 from rq.exceptions import StopRequested
 from rq.timeouts import BaseDeathPenalty
+from rq.utils import now
 from rq.worker import SimpleWorker, WorkerStatus
 
 from ..core.llm import http
@@ -152,7 +153,7 @@ class ConcurrentWorker(SimpleWorker):
         self.shutdown_grace = shutdown_grace
         self._local = threading.local()
         self._slots = threading.Semaphore(concurrency)
-        self._tasks: queues.SimpleQueue[tuple[Job, Queue, Execution] | None] = queues.SimpleQueue()
+        self._tasks: queues.SimpleQueue[tuple[Job, Queue] | None] = queues.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)
@@ -163,6 +164,7 @@ class ConcurrentWorker(SimpleWorker):
         super().__init__(*args, **kwargs)
         http.set_max_connections(max(50, concurrency))
         journal.release_connection_before_model()
+
 
     # rq keeps the job being run on the worker (``self.execution``): here one per thread.
     @property
@@ -213,16 +215,16 @@ class ConcurrentWorker(SimpleWorker):
         return True
 
     def execute_job(self, job: Job, queue: Queue) -> None:
+        # The main thread only takes jobs: rq's bookkeeping of each (its execution, its start) is
+        # done in the job's thread, so that taking the next job waits for nothing but Redis.
         try:
-            execution = self.prepare_execution(job)
-            self.execution = None  # the job's thread holds it, not the main thread
             with self._lock:
                 self._in_flight[job.id] = job
                 # A thread per job in flight, made as they are first needed (at most concurrency:
                 # the slots bound the jobs in flight), then kept.
                 if len(self._threads) < len(self._in_flight):
                     self._start_thread()
-            self._tasks.put((job, queue, execution))
+            self._tasks.put((job, queue))
         except BaseException:
             with self._lock:
                 self._in_flight.pop(job.id, None)
@@ -239,9 +241,9 @@ class ConcurrentWorker(SimpleWorker):
             task = self._tasks.get()
             if task is None:
                 return
-            job, queue, execution = task
-            self.execution = execution
+            job, queue = task
             try:
+                self.prepare_execution(job)  # this thread's execution (self.execution)
                 self.perform_job(job, queue)
             except BaseException:  # rq records the job's own failures; this is rq's bookkeeping failing
                 log.exception("worker %s: job %s could not be finished", self.name, job.id)
@@ -254,6 +256,15 @@ class ConcurrentWorker(SimpleWorker):
                     self._in_flight.pop(job.id, None)
                     self._done.notify_all()
                 self._slots.release()
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        # rq beats before and after every job it takes; taking hundreds a second, once a second is
+        # plenty (the key lives worker_ttl + 60 seconds). A beat with a TTL or in a pipeline (a
+        # job's start) is always sent.
+        last = self.last_heartbeat
+        if timeout is None and pipeline is None and last is not None and (now() - last).total_seconds() < 1.0:
+            return
+        super().heartbeat(timeout, pipeline)
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         # Listening for the next job while runs are in flight is still busy, for rq's dashboard.

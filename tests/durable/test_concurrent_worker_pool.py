@@ -18,7 +18,7 @@ from django.db import connection, connections
 from nexo_django.models import AgentRun, RunStatus
 from tests.durable_agents import Patient, count
 from tests.rq_workers import RQWorkers
-from tests.servers import PostgresServer, ServerUnavailable, wait_until
+from tests.servers import PostgresServer, ServerUnavailable
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
