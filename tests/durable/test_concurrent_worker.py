@@ -164,7 +164,9 @@ def test_a_job_timeout_ends_one_run_and_its_cpu_hog_stalls_no_neighbour_scripted
                timeout=WAIT, what="the hog's job to time out")
     hog_done = AgentRun.objects.get(pk=hog.pk)
     assert hog_done.error == "JobTimeout: the job exceeded its timeout (8 seconds)"
-    assert dispatch.job_status(hog.pk, hog_done.generation) == "failed"  # rq's failure handling
+    # rq's own failure handling files the job a moment after the run recorded why it failed.
+    wait_until(lambda: dispatch.job_status(hog.pk, hog_done.generation) == "failed", timeout=WAIT,
+               what="rq to file the hog's job as failed")
     assert set(AgentRun.objects.filter(pk__in=[r.pk for r in neighbours]).values_list("recoveries", flat=True)) == {0}
     assert count(counter).count("x") == 5
     # The worker goes on taking jobs after the timeout.
