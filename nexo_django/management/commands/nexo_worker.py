@@ -30,7 +30,6 @@ class Command(BaseCommand):
         parser.add_argument("--worker-ttl", type=int, default=420, help="rq's worker TTL, in seconds.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        import django_rq
         from rq.logutils import setup_loghandlers
 
         if options["concurrency"] < 1:
@@ -45,9 +44,8 @@ class Command(BaseCommand):
         verbosity = options["verbosity"]
         level = "DEBUG" if verbosity >= 2 else "WARNING" if verbosity == 0 else "INFO"
         setup_loghandlers(level)
-        worker = django_rq.get_worker(
-            *queues, worker_class=ConcurrentWorker,  # type: ignore[arg-type]  # any rq worker class
-            name=options["name"], worker_ttl=options["worker_ttl"],
+        worker = dispatch.make_worker(
+            queues, ConcurrentWorker, name=options["name"], worker_ttl=options["worker_ttl"],
             concurrency=options["concurrency"], shutdown_grace=options["shutdown_grace"],
         )
         for conn in connections.all(initialized_only=True):
