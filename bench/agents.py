@@ -72,3 +72,18 @@ class ChaosAgent(Agent):
     sandbox = "local"
     permissions = "approve"
     tools = [ledger]
+
+
+@tool(capability="read", idempotent=True)
+def echo(text: str) -> dict:
+    """Returns its text: the one tool of bench/concurrency.py's runs, on both sides."""
+    return {"echo": text}
+
+
+class Echoer(Agent):
+    """One tool call (echo), then an answer, against the model NEXO["MODEL"] names: bench/concurrency.py
+    points it at its slow loopback OpenAI-compatible server."""
+
+    instructions = "Call echo once, then answer."
+    permissions = "auto"
+    tools = [echo]

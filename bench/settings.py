@@ -70,6 +70,14 @@ DATABASES = {
     )
 }
 
+# BENCH_DB_POOL: JSON options of Django's PostgreSQL connection pool (bench/concurrency.py), and
+# the processes' connections named in pg_stat_activity so the benchmark can count them.
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    if os.environ.get("BENCH_DB_POOL"):
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = json.loads(os.environ["BENCH_DB_POOL"])
+    if os.environ.get("BENCH_DB_APP"):
+        DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = os.environ["BENCH_DB_APP"]
+
 _REDIS_URL = os.environ.get("BENCH_REDIS_URL")
 RQ_QUEUES: dict[str, dict[str, Any]] = {"default": {"URL": _REDIS_URL} if _REDIS_URL else {"ASYNC": False}}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -92,7 +92,8 @@ def redis_queue_settings(redis_server: RedisServer, settings: Any) -> RedisQueue
 
 class StartWorkers(Protocol):
     def __call__(
-        self, count: int = 1, *, queues: list[str] | None = None, worker_class: str = "rq.worker.Worker"
+        self, count: int = 1, *, queues: list[str] | None = None, worker_class: str = "rq.worker.Worker",
+        concurrency: int | None = None, extra_args: Sequence[str] = (),
     ) -> RQWorkers: ...
 
 
@@ -111,7 +112,8 @@ def rq_worker(
     request.node.stash[_WORKERS] = started
 
     def start(
-        count: int = 1, *, queues: list[str] | None = None, worker_class: str = "rq.worker.Worker"
+        count: int = 1, *, queues: list[str] | None = None, worker_class: str = "rq.worker.Worker",
+        concurrency: int | None = None, extra_args: Sequence[str] = (),
     ) -> RQWorkers:
         workers = RQWorkers(
             queues=queues or [redis_queue_settings.name],
@@ -121,6 +123,8 @@ def rq_worker(
             count=count,
             worker_class=worker_class,
             cwd=REPO_ROOT,
+            concurrency=concurrency,
+            extra_args=extra_args,
         )
         started.append(workers)
         return workers.start()

@@ -156,3 +156,63 @@ class SlowSleeper(Agent):
     model = ScriptedModel([tool_call("nap", seconds=4.0), reply("Rested.")])
     permissions = "auto"
     tools = [nap]
+
+
+class SlowModel(ScriptedModel):
+    """Scripted, counted, and slow: each request waits ``delay`` seconds before its answer, as a
+    real model's does (a run of the concurrent worker spends its life there)."""
+
+    def __init__(self, steps: list[Any], delay: float) -> None:
+        super().__init__(steps)
+        self.delay = delay
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> Any:
+        import time
+
+        _count("model")
+        time.sleep(self.delay)
+        return super().complete(messages, tools)
+
+
+class Patient(Agent):
+    """Scripted, slow model (2 s a turn): a non-idempotent bump, then an answer. Counts both."""
+
+    model = SlowModel([tool_call("bump", label="x"), reply("Patient.")], delay=2.0)
+    permissions = "auto"
+    tools = [bump]
+
+
+class Brisk(Agent):
+    """Scripted, slow model (0.7 s a turn): a non-idempotent bump, then an answer."""
+
+    model = SlowModel([tool_call("bump", label="b"), reply("Brisk.")], delay=0.7)
+    permissions = "auto"
+    tools = [bump]
+
+
+@tool(capability="read", idempotent=True)
+def spin(seconds: float) -> dict:
+    """Scripted CPU hog: a pure-Python busy loop for ``seconds`` (it never sleeps)."""
+    import time
+
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+    return {"spun": n}
+
+
+class Spinner(Agent):
+    """Scripted: one call that keeps a CPU busy for a minute, then an answer."""
+
+    model = ScriptedModel([tool_call("spin", seconds=60.0), reply("Spun.")])
+    permissions = "auto"
+    tools = [spin]
+
+
+class Dawdler(Agent):
+    """Scripted: a 20 s nap (idempotent), then an answer: longer than a shutdown's grace."""
+
+    model = ScriptedModel([tool_call("nap", seconds=20.0), reply("Dawdled.")])
+    permissions = "auto"
+    tools = [nap]

@@ -40,7 +40,11 @@ class RQWorkers:
         count: int = 1,
         worker_class: str = "rq.worker.Worker",
         cwd: Path | None = None,
+        concurrency: int | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
+        """With ``concurrency``, each process is ``manage.py nexo_worker --concurrency N`` (the
+        concurrent worker) instead of ``rqworker --worker-class``."""
         self.queues = list(queues)
         self.redis_url = redis_url
         self.env = dict(env)
@@ -48,6 +52,8 @@ class RQWorkers:
         self.count = count
         self.worker_class = worker_class
         self.cwd = cwd
+        self.concurrency = concurrency
+        self.extra_args = list(extra_args)
         self.names: list[str] = []
         self.log_paths: list[Path] = []
         self._procs: list[subprocess.Popen[bytes]] = []
@@ -70,8 +76,13 @@ class RQWorkers:
         name = f"nexo-test-{uuid.uuid4().hex[:12]}"
         slot = len(self._procs) if index is None else index
         log_path = self.log_dir / f"rqworker-{slot}-{name}.log"
-        argv = [sys.executable, "-m", "django", "rqworker", *self.queues, "--name", name,
-                "--worker-class", self.worker_class]  # fmt: skip
+        if self.concurrency is None:
+            argv = [sys.executable, "-m", "django", "rqworker", *self.queues, "--name", name,
+                    "--worker-class", self.worker_class]  # fmt: skip
+        else:
+            argv = [sys.executable, "-m", "django", "nexo_worker", *self.queues, "--name", name,
+                    "--concurrency", str(self.concurrency)]  # fmt: skip
+        argv += self.extra_args
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

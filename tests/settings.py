@@ -85,6 +85,12 @@ def _database() -> dict[str, Any]:
         database = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:", "TEST": {"NAME": test_file}}
     if database["ENGINE"].endswith("sqlite3"):
         database["OPTIONS"] = {**SQLITE_OPTIONS, **database.get("OPTIONS", {})}
+    pool = os.environ.get("NEXO_TEST_DB_POOL")
+    if pool and database["ENGINE"].endswith("postgresql"):
+        # A worker of the connection-bound test: Django's PostgreSQL pool, named in
+        # pg_stat_activity so the test counts this process's connections alone.
+        database["OPTIONS"] = {**database.get("OPTIONS", {}), "pool": json.loads(pool),
+                               "application_name": "nexo-test-pool"}
     worker_database = os.environ.get("NEXO_TEST_DB_NAME")
     if worker_database:
         # An rq worker started by the tests: use the test database pytest-django created.

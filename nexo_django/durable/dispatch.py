@@ -110,6 +110,14 @@ def get_queue() -> Any:
     return queue
 
 
+def make_worker(queues: list[str], worker_class: type, **kwargs: Any) -> Any:
+    """An rq worker of ``worker_class`` on ``queues``, built as django-rq builds ``rqworker``'s
+    (its Redis connection, job and queue classes, exception handlers from settings)."""
+    import django_rq
+
+    return django_rq.get_worker(*queues, worker_class=worker_class, **kwargs)
+
+
 def _forget_queues(*, setting: str, **kwargs: Any) -> None:
     if setting in ("RQ_QUEUES", "NEXO"):
         _queues.clear()

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, DataError, IntegrityError, connection
+from django.db import DatabaseError, DataError, IntegrityError, connection, connections
 from django.utils import timezone
 
 from ..conf import nexo_settings
@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("nexo_django.journal")
+
+
+#: Runs renewed by one heartbeat statement, at most.
+BEAT_BATCH = 500
 
 
 class _Heartbeats:
@@ -107,13 +111,22 @@ class _Heartbeats:
     def _loop(self) -> None:
         while True:
             due, wait = self._due()
+            # One statement per lease length and BEAT_BATCH runs: a process carrying hundreds of
+            # runs (the concurrent worker) renews them in a few round trips, not one each. A
+            # token names one drive of one run, so it alone is the fence.
+            by_lease: dict[timedelta, list[tuple[str, Any]]] = {}
             for token, run_id, lease in due:
-                try:
-                    AgentRun.objects.filter(pk=run_id, lease_owner=token, status=RunStatus.RUNNING).update(
-                        lease_expires_at=timezone.now() + lease
-                    )
-                except DatabaseError as exc:  # the next beat tries again; the fence stays the guard
-                    log.warning("run %s: heartbeat failed: %s", run_id, exc)
+                by_lease.setdefault(lease, []).append((token, run_id))
+            for lease, held in by_lease.items():
+                for i in range(0, len(held), BEAT_BATCH):
+                    chunk = held[i : i + BEAT_BATCH]
+                    try:
+                        AgentRun.objects.filter(
+                            pk__in=[r for _, r in chunk], lease_owner__in=[t for t, _ in chunk],
+                            status=RunStatus.RUNNING,
+                        ).update(lease_expires_at=timezone.now() + lease)
+                    except DatabaseError as exc:  # the next beat tries again; the fence stays the guard
+                        log.warning("heartbeat of %d run(s) failed: %s", len(chunk), exc)
             if due:
                 connection.close()  # an idle process keeps no connection open for this thread
             self._wake.wait(wait)
@@ -137,6 +150,39 @@ class Heartbeat:
 
     def __exit__(self, *exc: object) -> None:
         _heartbeats.release(self.token)
+
+
+class WorkerStopping(Exception):
+    """Raised at a run's next commit once its worker is shutting down (:func:`stop_at_next_commit`):
+    the run is handed back to the queue there, instead of being cut off wherever it was."""
+
+
+class RunInterrupted(BaseException):
+    """Raised into a run's thread from outside it: its job's timeout (the concurrent worker's
+    ``ThreadDeathPenalty``). A ``BaseException``, as ``KeyboardInterrupt`` is, so that no tool's
+    error handling (which turns an ``Exception`` into the call's result) swallows it: the run
+    fails with it, and its job fails in rq."""
+
+
+#: Set by a worker that is shutting down: each run it carries stops at its next commit.
+_stopping = threading.Event()
+#: Whether a run hands its database connection back before each model request (see
+#: :func:`release_connection_before_model`).
+_release_before_model = False
+
+
+def stop_at_next_commit() -> None:
+    """Make every run of this process stop at its next commit (before its next model request)."""
+    _stopping.set()
+
+
+def release_connection_before_model(release: bool = True) -> None:
+    """Close (or, with Django's connection pool, return to the pool) the thread's database
+    connection before each model request: a run waiting on its model then holds no connection,
+    so connections are bounded by what runs write at once, not by the runs in flight. The
+    concurrent worker turns it on; a process running one run at a time keeps its connection."""
+    global _release_before_model
+    _release_before_model = release
 
 
 def crash_point(name: str) -> None:
@@ -221,6 +267,10 @@ class DbJournal(Journal):
         # A reply none of whose calls ran (all refused) is saved before the next request, so the
         # model is never asked for it again. The results of idempotent calls are not: they go
         # with the next reply's commit, and a crash before it only runs them again.
+        if _stopping.is_set() and self._start != "insert":
+            # Its worker is shutting down: what is buffered is committed (held) or nothing is
+            # claimed (queued), and the run goes back to the queue from here (runs._hand_back).
+            raise WorkerStopping(f"run {self.run.pk}: its worker is shutting down")
         if self._reply_unsaved:
             self.flush()
         elif self._start == "claim":
@@ -232,6 +282,10 @@ class DbJournal(Journal):
             # fenced); the run is then `queued` as before, and the reconciler sends it again. The
             # next commit that waits (this run's reply) takes it to disk first.
             self.flush(durable=False)
+        if _release_before_model:
+            for conn in connections.all(initialized_only=True):
+                if not conn.in_atomic_block:
+                    conn.close()
 
     def emit(self, type: str, data: dict[str, Any]) -> None:
         super().emit(type, data)
@@ -312,6 +366,11 @@ class DbJournal(Journal):
         """:meth:`drop_unsaved`, the messages of an inserted run included."""
         self._initial = 0
         self.drop_unsaved()
+
+    @property
+    def held(self) -> bool:
+        """Whether this worker holds the run (its first commit claimed or stored it)."""
+        return self._start == "held"
 
     def _held(self) -> dict[str, Any]:
         """The lease fence: the compare-and-set every write of a held run goes through."""

@@ -56,7 +56,7 @@ from ..models import (
 from ..signals import approval_decided, approval_requested, run_status_changed
 from ..storable import UnstorableValue
 from . import dispatch, notify, rules, sql
-from .journal import DbJournal, Heartbeat
+from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
 if TYPE_CHECKING:
     from ..core.agent import Agent
@@ -294,34 +294,19 @@ def _drive(
     except LeaseLost:
         log.warning("run %s: lease lost; another worker or a cancel took over", run_id)
         return "lease lost"
+    except WorkerStopping:
+        assert journal is not None  # raised by the journal only
+        return _hand_back(run, journal)
     except DatabaseError:
         # The database went away (a restart, a failover): nothing is wrong with the run, so it is
         # not marked failed. Its lease expires and the reconciler takes it back.
         log.warning("run %s: database error; the reconciler takes the run back", run_id, exc_info=True)
         raise
-    except Exception as exc:  # the run records why it failed; the worker stays healthy
-        message = f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, (SecurityError, ConfigurationError, MaxTurnsExceeded, ModelError, UnstorableValue)):
-            log.exception("run %s failed", run_id)
-        if journal is not None:
-            if isinstance(exc, UnstorableValue):
-                journal.drop_unsaved()  # what the database refused is not written again
-            if not _close_failed(journal, message):
-                return "lease lost"
-        elif start == "insert":
-            run.status, run.error, run.lease_owner, run.finished_at = RunStatus.FAILED, message, None, timezone.now()
-            run.save(force_insert=True)
-        elif AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
-            status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()
-        ):  # the agent could not be rebuilt: nothing was claimed yet
-            if isinstance(exc, SecurityError):  # audited, as a security error of a call is
-                _event(run_id, "security", error=message)
-            _status_changed(run_id, RunStatus.QUEUED, RunStatus.FAILED)
-            return "failed"
-        else:
-            return "skipped"
-        _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
-        return "failed"
+    except (Exception, RunInterrupted) as exc:  # the run records why it failed; the worker stays healthy
+        failed = _fail(run, journal, exc, start)
+        if isinstance(exc, RunInterrupted):
+            raise  # its job fails too (rq's failed registry says why)
+        return failed
     if outcome.kind == "done":
         # A run that recovered (a retry, a settled unknown outcome) keeps no old error beside Done.
         new, fields = RunStatus.DONE, {"result": outcome.content, "error": ""}
@@ -356,6 +341,53 @@ def _drive(
     else:
         _LIVE_OPTIONS.pop(str(run_id), None)
     return str(new)
+
+
+def _fail(run: AgentRun, journal: DbJournal | None, exc: BaseException, start: str) -> str:
+    """Record why the run failed (closed ``failed`` by its journal, or never claimed); what the
+    drive returns."""
+    run_id = str(run.pk)
+    message = f"{type(exc).__name__}: {exc}"
+    quiet = (SecurityError, ConfigurationError, MaxTurnsExceeded, ModelError, UnstorableValue, RunInterrupted)
+    if not isinstance(exc, quiet):
+        log.exception("run %s failed", run_id)
+    if journal is not None:
+        if isinstance(exc, UnstorableValue):
+            journal.drop_unsaved()  # what the database refused is not written again
+        if not _close_failed(journal, message):
+            return "lease lost"
+    elif start == "insert":
+        run.status, run.error, run.lease_owner, run.finished_at = RunStatus.FAILED, message, None, timezone.now()
+        run.save(force_insert=True)
+    elif AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+        status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()
+    ):  # the agent could not be rebuilt: nothing was claimed yet
+        if isinstance(exc, SecurityError):  # audited, as a security error of a call is
+            _event(run_id, "security", error=message)
+        _status_changed(run_id, RunStatus.QUEUED, RunStatus.FAILED)
+        return "failed"
+    else:
+        return "skipped"
+    _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
+    return "failed"
+
+
+def _hand_back(run: AgentRun, journal: DbJournal) -> str:
+    """Give a run back to the queue at its commit, its worker shutting down: held, it is closed as
+    ``queued`` (fenced, with what was buffered); not claimed yet, it was never taken. Then a new
+    generation and its job, so another worker picks it up at once rather than after its lease."""
+    run_id = str(run.pk)
+    if journal.held:
+        if not journal.close(RunStatus.QUEUED):
+            return "lease lost"
+        _status_changed(run_id, RunStatus.RUNNING, RunStatus.QUEUED)
+    if AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED, generation=run.generation).update(
+        generation=F("generation") + 1, updated_at=timezone.now()
+    ):
+        run.generation += 1
+        dispatch.enqueue_run(run_id, run.generation)
+    log.info("run %s: handed back to the queue (its worker is shutting down)", run_id)
+    return "handed back"
 
 
 def _close_failed(journal: DbJournal, message: str) -> bool:

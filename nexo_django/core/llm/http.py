@@ -26,7 +26,7 @@ import httpx
 
 from ..errors import ConfigurationError, ModelError
 
-__all__ = ["Endpoint", "ProviderError", "Retry", "check_base_url", "endpoint", "shared_client"]
+__all__ = ["Endpoint", "ProviderError", "Retry", "check_base_url", "endpoint", "set_max_connections", "shared_client"]
 
 RETRY_STATUSES = frozenset({408, 429})  # and every status >= 500
 MESSAGE_CHARS = 600
@@ -66,14 +66,33 @@ _client: httpx.Client | None = None
 _inherited: list[httpx.Client] = []
 
 
+#: Connections the shared client opens at most (:func:`set_max_connections`).
+_max_connections = 50
+
+
+def set_max_connections(count: int) -> None:
+    """Let the shared client open up to ``count`` connections at once (50 by default). A process
+    carrying many runs at once (the concurrent worker) gives each run in flight its own, so no run
+    waits for another's model request to end. Takes effect for a client not yet made."""
+    global _max_connections
+    if count < 1:
+        raise ValueError(f"max connections must be at least 1, not {count}")
+    with _lock:
+        _max_connections = count
+
+
 def shared_client() -> httpx.Client:
     """One pooled client per process, so turns and runs reuse provider connections."""
     global _client
     with _lock:
         if _client is None:
+            # Past the default, every connection is kept alive: the runs in flight reuse them.
+            keepalive = 20 if _max_connections <= 50 else _max_connections
             _client = httpx.Client(
                 headers={"user-agent": USER_AGENT},
-                limits=httpx.Limits(max_connections=50, max_keepalive_connections=20, keepalive_expiry=30.0),
+                limits=httpx.Limits(
+                    max_connections=_max_connections, max_keepalive_connections=keepalive, keepalive_expiry=30.0
+                ),
             )
         return _client
 

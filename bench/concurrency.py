@@ -1,0 +1,412 @@
+"""Benchmark: runs in flight per worker process, against a slow model (issue 26).
+
+A loopback OpenAI-compatible server (Chat Completions) answers each request after ``--delay``
+seconds (1.0): a tool call (``echo``) first, then a final answer. Against it, measured in one run
+on this machine:
+
+- **nexo, concurrent worker**: one ``manage.py nexo_worker --concurrency N`` process, PostgreSQL
+  with Django's connection pool (``OPTIONS["pool"]``, ``--pool`` connections at most), real Redis;
+  ``--runs`` runs (``bench.agents.Echoer``) sent with ``run_later`` while the worker is suspended
+  (``rq suspend``), timed from its resumption (the sending is shown apart: ``send_s``);
+- **the asyncio peer**: the OpenAI Agents SDK's ``Runner.run`` for ``--runs`` runs under
+  ``asyncio.gather`` in one process (a child of this one), the same agent shape and server;
+- **nexo, today's SimpleWorker**: ``--simple-workers`` ``rqworker`` processes, one run in flight
+  each, ``--simple-runs`` runs.
+
+Printed: runs in flight at once (the server's peak of open requests; for nexo also the peak of
+runs ``running`` in the database: claimed and not closed, waiting on the model or a CPU), the worker processes' peak
+PSS (``/proc/PID/smaps_rollup``, sampled every 0.1 s), runs in flight per GiB of it, runs/s from
+the start (the gather; the workers' resumption) to the last run done, and, for nexo, PostgreSQL connections (peak in
+``pg_stat_activity``) beside the pool's size. Each side first runs a few untimed warm-up runs.
+
+    python -m bench.concurrency [--runs 500] [--pool 10] [--delay 1.0] [--simple-workers 8] [--simple-runs 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO_ROOT, figure, note, postgres_url, scratch, setup_django
+
+GIB = 1024**3
+TIMEOUT = 300.0
+APP_NAME = "nexo-bench-worker"
+
+
+# --- the slow model --------------------------------------------------------------------------------
+
+
+class SlowServer:
+    """HTTP/1.1 (keep-alive) on 127.0.0.1: every ``POST .../chat/completions`` is answered after
+    ``delay`` seconds, a tool call if the transcript does not end with a tool result, else a final
+    answer. asyncio, so a thousand open requests cost it no thread each."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.open = 0
+        self.peak = 0
+        self.served = 0
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> SlowServer:
+        threading.Thread(target=self._serve, daemon=True, name="slow-model").start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the slow model server did not start")
+        return self
+
+    def reset(self) -> None:
+        self.peak = self.open
+        self.served = 0
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def main() -> None:
+            server = await asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=4096)
+            self.port = server.sockets[0].getsockname()[1]
+            self._ready.set()
+            async with server:
+                await server.serve_forever()
+
+        self._loop.run_until_complete(main())
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                length = 0
+                while True:
+                    header = await reader.readline()
+                    if header in (b"\r\n", b"\n", b""):
+                        break
+                    name, _, value = header.decode("latin-1").partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value.strip())
+                body = json.loads(await reader.readexactly(length)) if length else {}
+                self.open += 1
+                self.peak = max(self.peak, self.open)
+                try:
+                    await asyncio.sleep(self.delay)
+                    data = json.dumps(self.answer(body)).encode()
+                finally:
+                    self.open -= 1
+                self.served += 1
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(data), data))  # fmt: skip
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body.get("messages") or [{}]
+        if messages[-1].get("role") == "tool":
+            message: dict[str, Any] = {"role": "assistant", "content": "Done."}
+            finish = "stop"
+        else:
+            call = {"id": f"call_{self.served}", "type": "function",
+                    "function": {"name": "echo", "arguments": json.dumps({"text": "hi"})}}  # fmt: skip
+            message, finish = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
+        return {
+            "id": f"chatcmpl-{self.served}", "object": "chat.completion", "created": 0, "model": body.get("model", ""),
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        }  # fmt: skip
+
+
+# --- measuring processes -----------------------------------------------------------------------------
+
+
+def pss_bytes(pid: int) -> int:
+    """The process's proportional set size (shared pages divided among their sharers)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time the process has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Sampler:
+    """Every 0.1 s: the summed PSS of ``pids()`` and whatever ``extra`` returns; keeps the peaks."""
+
+    def __init__(self, pids: Callable[[], list[int]], *extra: Callable[[], int]) -> None:
+        self.pids = pids
+        self.extra = extra
+        self.peak_pss = 0
+        self.peaks = [0] * len(extra)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="sampler")
+
+    def __enter__(self) -> Sampler:
+        self._cpu = sum(cpu_seconds(pid) for pid in self.pids())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cpu = sum(cpu_seconds(pid) for pid in self.pids()) - self._cpu
+        self._stop.set()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.peak_pss = max(self.peak_pss, sum(pss_bytes(pid) for pid in self.pids()))
+            self.peaks = [max(peak, read()) for peak, read in zip(self.peaks, self.extra, strict=True)]
+            self._stop.wait(0.1)
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
+
+
+# --- nexo ---------------------------------------------------------------------------------------------
+
+
+def nexo_settings(server: SlowServer) -> dict[str, Any]:
+    return {"MODEL": "openai:bench-slow", "PROVIDERS": {"openai": {"base_url": server.url, "api_key": "bench"}}}
+
+
+def worker_env(pool: int | None) -> dict[str, str]:
+    pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings", "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1",
+           "BENCH_DB_APP": APP_NAME}  # fmt: skip
+    if pool is not None:
+        env["BENCH_DB_POOL"] = json.dumps({"min_size": 2, "max_size": pool, "timeout": 60})
+    return env
+
+
+def db_connections() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [APP_NAME])
+        return int(cursor.fetchone()[0])
+
+
+def running_runs() -> int:
+    """Runs claimed and not closed yet: what the workers carry (waiting on the model or on a CPU)."""
+    from nexo_django.models import AgentRun
+
+    return AgentRun.objects.filter(status="running").count()
+
+
+def send_runs(count: int) -> list[Any]:
+    from bench.agents import Echoer
+
+    return [Echoer.run_later(f"echo {i}") for i in range(count)]
+
+
+def all_done(ids: list[Any]) -> bool:
+    from nexo_django.models import AgentRun
+
+    ended = AgentRun.objects.filter(pk__in=ids, status__in=("done", "failed", "cancelled", "needs_attention"))
+    return ended.count() == len(ids)
+
+
+def check_done(ids: list[Any]) -> None:
+    from nexo_django.models import AgentRun
+
+    bad = list(AgentRun.objects.filter(pk__in=ids).exclude(status="done").values_list("status", "error")[:3])
+    if bad:
+        raise RuntimeError(f"runs did not end done: {bad}")
+
+
+def measure_nexo(server: SlowServer, workers: Any, count: int, warmup: int) -> dict[str, float]:
+    import django_rq
+    from rq.suspension import resume, suspend
+
+    warm = [r.pk for r in send_runs(warmup)]
+    wait_for(lambda: all_done(warm), "the warm-up runs")
+    # The runs are all sent while the workers are suspended (rq's own `rq suspend`), then the
+    # workers resume: like the peer's gather, the timed part starts with every run ready.
+    redis = django_rq.get_connection("default")
+    suspend(redis)
+    start = time.perf_counter()
+    ids = [r.pk for r in send_runs(count)]
+    sent = time.perf_counter() - start
+    server.reset()
+    with Sampler(lambda: workers.pids, db_connections, running_runs) as sampler:
+        start = time.perf_counter()
+        resume(redis)
+        wait_for(lambda: all_done(ids), f"{count} runs")
+        elapsed = time.perf_counter() - start
+    check_done(ids)
+    return {"in_flight": server.peak, "pss": sampler.peak_pss, "runs_per_s": count / elapsed,
+            "seconds": elapsed, "send_s": sent, "db_connections": sampler.peaks[0], "running": sampler.peaks[1],
+            "cpu_ms_per_run": sampler.cpu * 1e3 / count}  # fmt: skip
+
+
+def nexo_concurrent(server: SlowServer, redis_url: str, count: int, pool: int) -> dict[str, float]:
+    from tests.rq_workers import RQWorkers
+
+    workers = RQWorkers(queues=["default"], redis_url=redis_url, env=worker_env(pool), log_dir=scratch(),
+                        concurrency=count, extra_args=["--shutdown-grace", "5"], cwd=REPO_ROOT).start()  # fmt: skip
+    try:
+        return measure_nexo(server, workers, count, warmup=5)
+    except BaseException:
+        note(workers.logs())
+        raise
+    finally:
+        workers.stop()
+
+
+def nexo_simple(server: SlowServer, redis_url: str, processes: int, count: int) -> dict[str, float]:
+    from tests.rq_workers import RQWorkers
+
+    workers = RQWorkers(queues=["default"], redis_url=redis_url, env=worker_env(None), log_dir=scratch(),
+                        count=processes, worker_class="rq.worker.SimpleWorker", cwd=REPO_ROOT).start()  # fmt: skip
+    try:
+        return measure_nexo(server, workers, count, warmup=processes)
+    except BaseException:
+        note(workers.logs())
+        raise
+    finally:
+        workers.stop()
+
+
+# --- the asyncio peer -----------------------------------------------------------------------------------
+
+
+async def peer_runs(url: str, count: int) -> float:
+    from agents import (
+        Agent,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # no exporter, no network
+    client = AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=120)
+
+    @function_tool
+    def echo(text: str) -> str:
+        """Returns its text."""
+        return text
+
+    agent = Agent(name="echoer", instructions="Call echo once, then answer.", tools=[echo],
+                  model=OpenAIChatCompletionsModel(model="bench-slow", openai_client=client))  # fmt: skip
+    for _ in range(3):  # warm-up, untimed
+        await Runner.run(agent, "echo")
+    print("ready", flush=True)
+    sys.stdin.readline()  # the parent resets the server's counters meanwhile
+    start = time.perf_counter()
+    results = await asyncio.gather(*(Runner.run(agent, f"echo {i}") for i in range(count)))
+    elapsed = time.perf_counter() - start
+    if any(r.final_output != "Done." for r in results):
+        raise RuntimeError("a peer run did not end with the final answer")
+    return elapsed
+
+
+def peer(server: SlowServer, count: int) -> dict[str, float]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.concurrency", "--peer-child", server.url, "--runs", str(count)],
+        cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the peer did not start")
+        server.reset()
+        with Sampler(lambda: [proc.pid]) as sampler:
+            start = time.perf_counter()
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+            elapsed = time.perf_counter() - start
+        inner = float(json.loads(line)["seconds"])
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    return {"in_flight": server.peak, "pss": sampler.peak_pss, "runs_per_s": count / elapsed,
+            "seconds": elapsed, "gather_s": inner, "cpu_ms_per_run": sampler.cpu * 1e3 / count}  # fmt: skip
+
+
+# --- main ---------------------------------------------------------------------------------------------------
+
+
+def print_side(side: str, result: dict[str, float], processes: int, **extra: Any) -> None:
+    pss = result["pss"]
+    figure(
+        "concurrency", side=side, processes=processes, runs_in_flight=result["in_flight"],
+        pss_mib=pss / 2**20, runs_in_flight_per_gib=result["in_flight"] / (pss / GIB) if pss else 0.0,
+        runs_per_s=result["runs_per_s"], seconds=result["seconds"], cpu_ms_per_run=result["cpu_ms_per_run"], **extra,
+    )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=500, help="runs at once, on each concurrent side")
+    parser.add_argument("--pool", type=int, default=10, help="the concurrent worker's PostgreSQL pool (max_size)")
+    parser.add_argument("--delay", type=float, default=1.0, help="seconds the server takes per request")
+    parser.add_argument("--simple-workers", type=int, default=8)
+    parser.add_argument("--simple-runs", type=int, default=48)
+    parser.add_argument("--skip", action="append", default=[], choices=["peer", "simple"])
+    parser.add_argument("--peer-child", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.peer_child:
+        seconds = asyncio.run(peer_runs(args.peer_child, args.runs))
+        print(json.dumps({"seconds": seconds}), flush=True)
+        return
+
+    from tests.servers import RedisServer
+
+    server = SlowServer(args.delay).start()
+    note(f"slow model at {server.url}: {args.delay:g} s a request")
+    os.environ["BENCH_NEXO"] = json.dumps(nexo_settings(server))
+    with RedisServer() as redis_server:
+        setup_django(postgres_url(), redis_url=redis_server.url)
+        note(f"nexo: one concurrent worker, {args.runs} runs, pool of {args.pool}")
+        nexo = nexo_concurrent(server, redis_server.url, args.runs, args.pool)
+        print_side("nexo_concurrent_worker", nexo, 1, runs_running_peak=nexo["running"], pool=args.pool,
+                   pg_connections=nexo["db_connections"], send_s=nexo["send_s"])  # fmt: skip
+        if "peer" not in args.skip:
+            note(f"peer: the OpenAI Agents SDK, {args.runs} Runner.run under asyncio.gather")
+            other = peer(server, args.runs)
+            print_side("openai_agents_gather", other, 1, gather_s=other["gather_s"])
+            figure("concurrency_vs_peer", runs=args.runs, runs_per_s_ratio=nexo["runs_per_s"] / other["runs_per_s"],
+                   per_gib_ratio=(nexo["in_flight"] / nexo["pss"]) / (other["in_flight"] / other["pss"]))  # fmt: skip
+        if "simple" not in args.skip:
+            note(f"nexo today: {args.simple_workers} SimpleWorker processes, {args.simple_runs} runs")
+            simple = nexo_simple(server, redis_server.url, args.simple_workers, args.simple_runs)
+            print_side("nexo_simple_workers", simple, args.simple_workers, runs_running_peak=simple["running"],
+                       pg_connections=simple["db_connections"])  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""A worker that carries many runs at once: rq's own worker, its jobs run in threads.
+
+A run spends nearly all of its life waiting on its model over HTTP, and its loop is synchronous.
+So the worker is rq's (``SimpleWorker``: jobs, registries, failure handling, the dashboard and
+``rq``'s commands are rq's own) with one change: ``execute_job`` hands the job to one of
+``concurrency`` threads and goes back to the queue while a thread is free. Each thread has its
+own Django connection, handed back before every model request (``journal.release_connection_
+before_model``), so connections are bounded by the pool, not by the runs in flight. Leases,
+heartbeats and recovery are per run, as in any worker; a job timeout is raised in its own
+thread only (:class:`ThreadDeathPenalty`); SIGTERM stops taking jobs and each run in flight
+goes back to the queue at its next commit (``journal.stop_at_next_commit``), within
+``shutdown_grace`` seconds; what is still running then is left to the reconciler, as after a
+lost machine. docs/deployment.md says why threads rather than asyncio, and how to size it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import queue as queues
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+from rq.exceptions import StopRequested
+from rq.timeouts import BaseDeathPenalty
+from rq.utils import now
+from rq.worker import SimpleWorker, WorkerStatus
+
+from ..core.llm import http
+from . import journal
+
+if TYPE_CHECKING:
+    from rq.executions import Execution
+    from rq.job import Job
+    from rq.queue import Queue
+
+__all__ = ["ConcurrentWorker", "JobTimeout", "ThreadDeathPenalty"]
+
+log = logging.getLogger("nexo_django.worker")
+
+#: Runs in flight at once when the class is named without a concurrency (``rqworker
+#: --worker-class``); ``manage.py nexo_worker --concurrency N`` sets it.
+DEFAULT_CONCURRENCY = 10
+#: Seconds a warm shutdown waits for the runs in flight to reach their next commit.
+DEFAULT_SHUTDOWN_GRACE = 30.0
+#: Seconds between two heartbeats of the worker while every thread is busy.
+BUSY_HEARTBEAT = 5.0
+
+
+# --- job timeouts, per thread --------------------------------------------------------------------
+
+
+class _Watchdog:
+    """One thread that raises a job's timeout exception in the thread running it, and only there
+    (rq's ``UnixSignalDeathPenalty`` uses SIGALRM: one per process, the main thread's). The
+    exception lands at the job's next Python instruction: a model request is bounded by its own
+    HTTP timeout."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        #: key -> (deadline (monotonic), thread ident, exception class)
+        self._armed: dict[int, tuple[float, int, type[BaseException]]] = {}
+        self._fired: set[int] = set()
+        self._next = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, seconds: float, exception: type[BaseException]) -> int:
+        with self._lock:
+            self._next += 1
+            key = self._next
+            self._armed[key] = (time.monotonic() + seconds, threading.get_ident(), exception)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="nexo-job-timeouts")
+                self._thread.start()
+        self._wake.set()
+        return key
+
+    def disarm(self, key: int) -> None:
+        with self._lock:
+            if self._armed.pop(key, None) is None and key in self._fired:
+                # Fired as the job ended: take back an exception not raised yet, so it cannot
+                # land in the worker's own code after the job.
+                self._fired.discard(key)
+                _async_raise(threading.get_ident(), None)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                for key, (deadline, ident, exception) in list(self._armed.items()):
+                    if deadline <= now:
+                        del self._armed[key]
+                        self._fired.add(key)
+                        _async_raise(ident, exception)
+                wait = min((d for d, _, _ in self._armed.values()), default=now + 3600.0) - now
+            self._wake.wait(max(wait, 0.0))
+            self._wake.clear()
+
+
+def _async_raise(ident: int, exception: type[BaseException] | None) -> None:
+    target = ctypes.py_object(exception) if exception is not None else None
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), target)
+
+
+_watchdog = _Watchdog()
+
+
+class JobTimeout(journal.RunInterrupted):
+    """A job ran past its rq timeout (``NEXO["JOB_TIMEOUT"]`` for a run's job)."""
+
+
+class ThreadDeathPenalty(BaseDeathPenalty):
+    """rq's job timeout for a job run in a thread: raised in that thread alone, so one run past its
+    timeout fails and its neighbours go on. It is a :class:`JobTimeout` (a ``RunInterrupted``, not
+    rq's ``JobTimeoutException``, an ``Exception`` that a tool running at that moment would turn
+    into its result, and the run would go on)."""
+
+    def setup_death_penalty(self) -> None:
+        self._key: int | None = None
+        if self._timeout is None or self._timeout <= 0:
+            return
+        message = f"the job exceeded its timeout ({self._timeout} seconds)"
+        # Raised asynchronously, the exception is made from its class alone: the class says why.
+        exception = type("JobTimeout", (JobTimeout,), {"__init__": lambda exc, *a: JobTimeout.__init__(exc, message)})
+        self._key = _watchdog.arm(float(self._timeout), exception)
+
+    def cancel_death_penalty(self) -> None:
+        if self._key is not None:
+            _watchdog.disarm(self._key)
+            self._key = None
+
+
+# --- the worker ----------------------------------------------------------------------------------
+
+
+class ConcurrentWorker(SimpleWorker):
+    """rq's ``SimpleWorker`` running up to ``concurrency`` jobs at once, each in its own thread."""
+
+    death_penalty_class = ThreadDeathPenalty
+
+    def __init__(
+        self, *args: Any, concurrency: int = DEFAULT_CONCURRENCY,
+        shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE, **kwargs: Any,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        self.concurrency = concurrency
+        self.shutdown_grace = shutdown_grace
+        self._local = threading.local()
+        self._slots = threading.Semaphore(concurrency)
+        self._tasks: queues.SimpleQueue[tuple[Job, Queue] | None] = queues.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
+        #: job id -> job, for the jobs whose thread has not finished them
+        self._in_flight: dict[str, Job] = {}
+        #: whether a stop request may interrupt the main thread where it is (waiting for a job)
+        self._interruptible = False
+        super().__init__(*args, **kwargs)
+        http.set_max_connections(max(50, concurrency))
+        journal.release_connection_before_model()
+
+
+    # rq keeps the job being run on the worker (``self.execution``): here one per thread.
+    @property
+    def execution(self) -> Execution | None:
+        return getattr(self._local, "execution", None)
+
+    @execution.setter
+    def execution(self, value: Execution | None) -> None:
+        self._local.execution = value
+
+    def in_flight(self) -> list[str]:
+        with self._lock:
+            return sorted(self._in_flight)
+
+    # --- taking jobs -----------------------------------------------------------------------------
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        if not self._wait_for_slot():
+            return None
+        self._interruptible = True
+        try:
+            if self._stop_requested:
+                result = None
+            else:
+                result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        except BaseException:
+            self._slots.release()
+            raise
+        finally:
+            self._interruptible = False
+        if result is None:
+            self._slots.release()
+        return result
+
+    def _wait_for_slot(self) -> bool:
+        """Wait until a thread is free (heartbeating meanwhile); False if a stop came first."""
+        self._interruptible = True
+        try:
+            while not self._slots.acquire(timeout=BUSY_HEARTBEAT):
+                if self._stop_requested:
+                    return False
+                self.heartbeat()
+        finally:
+            self._interruptible = False
+        if self._stop_requested:
+            self._slots.release()
+            return False
+        return True
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        # The main thread only takes jobs: rq's bookkeeping of each (its execution, its start) is
+        # done in the job's thread, so that taking the next job waits for nothing but Redis.
+        try:
+            with self._lock:
+                self._in_flight[job.id] = job
+                # A thread per job in flight, made as they are first needed (at most concurrency:
+                # the slots bound the jobs in flight), then kept.
+                if len(self._threads) < len(self._in_flight):
+                    self._start_thread()
+            self._tasks.put((job, queue))
+        except BaseException:
+            with self._lock:
+                self._in_flight.pop(job.id, None)
+            self._slots.release()
+            raise
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(target=self._serve, daemon=True, name=f"nexo-run-{len(self._threads)}")
+        self._threads.append(thread)
+        thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            job, queue = task
+            try:
+                self.prepare_execution(job)  # this thread's execution (self.execution)
+                self.perform_job(job, queue)
+            except BaseException:  # rq records the job's own failures; this is rq's bookkeeping failing
+                log.exception("worker %s: job %s could not be finished", self.name, job.id)
+            finally:
+                self.execution = None
+                # A finished run holds no connection: the next job of this thread opens its own.
+                for conn in connections.all(initialized_only=True):
+                    conn.close()
+                with self._lock:
+                    self._in_flight.pop(job.id, None)
+                    self._done.notify_all()
+                self._slots.release()
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        # rq beats before and after every job it takes; taking hundreds a second, once a second is
+        # plenty (the key lives worker_ttl + 60 seconds). A beat with a TTL or in a pipeline (a
+        # job's start) is always sent.
+        last = self.last_heartbeat
+        if timeout is None and pipeline is None and last is not None and (now() - last).total_seconds() < 1.0:
+            return
+        super().heartbeat(timeout, pipeline)
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        # Listening for the next job while runs are in flight is still busy, for rq's dashboard.
+        if state == WorkerStatus.IDLE and self._in_flight:
+            state = WorkerStatus.BUSY
+        super().set_state(state, pipeline=pipeline)
+
+    # --- stopping --------------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        """A warm shutdown: take no more jobs, and have every run in flight stop at its next commit
+        (it goes back to the queue there). The main thread is interrupted only while it waits for a
+        job, never while it hands one to a thread."""
+        self._stop_requested = True
+        journal.stop_at_next_commit()
+        if self._in_flight:
+            self.set_shutdown_requested_date()
+        if self.scheduler:
+            self.stop_scheduler()
+        if self._interruptible:
+            raise StopRequested()
+
+    def teardown(self) -> None:
+        try:
+            left = self._drain(self.shutdown_grace if self._stop_requested else None)
+        finally:
+            super().teardown()
+        if left:
+            # Runs still in flight must not see the interpreter shut down under them (a closed
+            # HTTP client would fail a healthy run): the process ends here as a lost machine
+            # would, and their leases hand them to the reconciler.
+            log.warning("worker %s: %d run(s) still in flight after %.0f s; leaving them to the reconciler: %s",
+                        self.name, len(left), self.shutdown_grace, ", ".join(left))
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+    def _drain(self, timeout: float | None) -> list[str]:
+        """Wait for the jobs in flight (at most ``timeout`` seconds); the ids of those left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._in_flight:
+                wait = BUSY_HEARTBEAT if deadline is None else min(BUSY_HEARTBEAT, deadline - time.monotonic())
+                if wait <= 0:
+                    break
+                self._done.wait(wait)
+            left = sorted(self._in_flight)
+            if not left:
+                for _ in self._threads:
+                    self._tasks.put(None)
+        return left

@@ -1,0 +1,175 @@
+"""The concurrent worker (``manage.py nexo_worker --concurrency N``, issue 26): one real worker
+process carrying many runs at once, SIGKILLed, SIGTERMed, a job timing out beside others, a run
+hogging the CPU beside others. Real redis-server, real worker processes, scripted (slow) models.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nexo_django.durable import dispatch
+from nexo_django.durable.recovery import reconcile
+from nexo_django.models import AgentRun, CallStatus, RunStatus, ToolCall
+from tests.durable_agents import Brisk, Dawdler, Patient, Spinner, count
+from tests.servers import signal_quietly, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable, pytest.mark.redis]
+
+WAIT = 60.0
+
+
+def statuses(runs: list[AgentRun]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for status in AgentRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True):
+        found[status] = found.get(status, 0) + 1
+    return found
+
+
+def wait_all(runs: list[AgentRun], status: str, timeout: float = WAIT, *, workers: Any = None) -> None:
+    try:
+        wait_until(lambda: statuses(runs).get(status) == len(runs), timeout=timeout, interval=0.2,
+                   what=f"{len(runs)} runs to be {status}")
+    except TimeoutError:
+        logs = f"\n{workers.logs()}" if workers is not None else ""
+        raise AssertionError(f"runs are {statuses(runs)}, expected all {status}{logs}") from None
+
+
+def bumps(runs: list[AgentRun]) -> list[str]:
+    return list(ToolCall.objects.filter(run__in=[r.pk for r in runs], name="bump").values_list("status", flat=True))
+
+
+def test_one_process_carries_many_runs_at_once_and_each_finishes_once_scripted(
+    rq_worker: Any, counter: Path
+) -> None:
+    from rq import Worker
+
+    workers = rq_worker(1, concurrency=20)
+    runs = [Brisk.run_later(f"brisk {i}") for i in range(20)]
+    # Each run waits 0.7 s on each of its two model turns: twenty of them in flight in one process.
+    most = 0
+    deadline = time.monotonic() + WAIT
+    while statuses(runs).get(RunStatus.DONE, 0) < len(runs) and time.monotonic() < deadline:
+        most = max(most, statuses(runs).get(RunStatus.RUNNING, 0))
+        time.sleep(0.05)
+    wait_all(runs, RunStatus.DONE, workers=workers)
+    assert most >= 10, f"at most {most} runs were running at once"
+    assert count(counter).count("b") == 20
+    assert bumps(runs) == [CallStatus.SUCCEEDED] * 20
+    # rq's own bookkeeping: every job finished, the worker listed as rq lists any worker.
+    queue = dispatch.get_queue()
+    assert queue.finished_job_registry.count == 20 and queue.failed_job_registry.count == 0
+    assert [w.name for w in Worker.all(queue=queue)] == workers.names
+    assert workers.alive() == [True]
+
+
+def test_sigkill_with_fifty_runs_in_flight_recovers_every_run_once_scripted(
+    rq_worker: Any, counter: Path, settings: Any
+) -> None:
+    settings.NEXO = {**settings.NEXO, "LEASE_SECONDS": 2}
+    workers = rq_worker(1, concurrency=50)
+    runs = [Patient.run_later(f"patient {i}") for i in range(50)]
+    # All fifty claimed and waiting on their first (2 s) model turn in the one process.
+    wait_until(lambda: count(counter).count("model") == 50, timeout=WAIT, interval=0.05,
+               what="fifty model requests in flight")
+    workers.kill(0)
+    assert statuses(runs) == {RunStatus.RUNNING: 50}
+    assert count(counter) == ["model"] * 50  # nothing ran: every run was waiting on its model
+    requeued: set[str] = set()
+
+    def recovered() -> bool:
+        report = reconcile()
+        assert not (set(report.requeued) & requeued), "a run was recovered twice"
+        requeued.update(report.requeued)
+        return len(requeued) == 50
+
+    wait_until(recovered, timeout=WAIT, interval=0.2, what="the leases to expire")
+    assert requeued == {str(r.pk) for r in runs}
+    rq_worker(1, concurrency=50)
+    wait_all(runs, RunStatus.DONE)
+    assert set(AgentRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("recoveries", flat=True)) == {1}
+    assert count(counter).count("x") == 50  # each side effect ran once
+    assert bumps(runs) == [CallStatus.SUCCEEDED] * 50
+    assert reconcile().requeued == []
+
+
+def test_sigterm_hands_runs_in_flight_back_at_their_next_commit_scripted(
+    rq_worker: Any, counter: Path, settings: Any
+) -> None:
+    settings.NEXO = {**settings.NEXO, "LEASE_SECONDS": 2}
+    workers = rq_worker(1, concurrency=10, extra_args=["--shutdown-grace", "20"])
+    runs = [Patient.run_later(f"patient {i}") for i in range(10)]
+    wait_until(lambda: count(counter).count("model") == 10, timeout=WAIT, interval=0.05,
+               what="ten model requests in flight")
+    signal_quietly(workers.pids[0], signal.SIGTERM)
+    # Each run gets its model's answer, runs its call, commits the result, and stops before its
+    # next model request: back in the queue, with a new job, and nothing left to the reconciler.
+    proc = workers._procs[0]
+    try:
+        code = proc.wait(WAIT)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the worker did not stop\n{workers.logs()}") from None
+    assert code == 0, workers.logs()
+    assert statuses(runs) == {RunStatus.QUEUED: 10}, workers.logs()
+    assert count(counter).count("x") == 10 and count(counter).count("model") == 10
+    assert bumps(runs) == [CallStatus.SUCCEEDED] * 10
+    for run in AgentRun.objects.filter(pk__in=[r.pk for r in runs]):
+        assert (run.generation, run.recoveries, run.lease_owner) == (2, 0, None)
+        assert dispatch.job_pending(run.pk, run.generation)  # its next job waits for a worker
+    rq_worker(1, concurrency=10)
+    wait_all(runs, RunStatus.DONE)
+    assert count(counter).count("x") == 10  # no call ran twice
+    assert set(AgentRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("recoveries", flat=True)) == {0}
+
+
+def test_sigterm_leaves_a_run_past_the_grace_to_the_reconciler_scripted(
+    rq_worker: Any, counter: Path, settings: Any
+) -> None:
+    settings.NEXO = {**settings.NEXO, "LEASE_SECONDS": 2}
+    workers = rq_worker(1, concurrency=4, extra_args=["--shutdown-grace", "1"])
+    run = Dawdler.run_later("dawdle")  # a 20 s call: longer than the grace
+    wait_until(lambda: AgentRun.objects.get(pk=run.pk).status == RunStatus.RUNNING, timeout=WAIT,
+               what="the run to start")
+    time.sleep(0.5)  # inside its call
+    signal_quietly(workers.pids[0], signal.SIGTERM)
+    assert workers._procs[0].wait(WAIT) == 0
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.RUNNING  # cut off, its lease still set
+    requeued = wait_until(lambda: reconcile().requeued, timeout=WAIT, interval=0.2, what="the lease to expire")
+    assert requeued == [str(run.pk)]
+
+
+def test_a_job_timeout_ends_one_run_and_its_cpu_hog_stalls_no_neighbour_scripted(
+    rq_worker: Any, counter: Path, settings: Any
+) -> None:
+    # Leases of 2 s, renewed every 0.7 s, beside a run that keeps a CPU busy in pure Python.
+    settings.NEXO = {**settings.NEXO, "LEASE_SECONDS": 2, "JOB_TIMEOUT": 8}
+    workers = rq_worker(1, concurrency=8)
+    hog = Spinner.run_later("spin")
+    wait_until(lambda: AgentRun.objects.get(pk=hog.pk).status == RunStatus.RUNNING, timeout=WAIT,
+               what="the hog to start")
+    neighbours = [Patient.run_later(f"patient {i}") for i in range(5)]  # 4 s each, twice a lease
+    stolen: list[str] = []
+    deadline = time.monotonic() + WAIT
+    while statuses(neighbours).get(RunStatus.DONE, 0) < 5 and time.monotonic() < deadline:
+        stolen += reconcile().requeued  # an expired lease would be taken here
+        time.sleep(0.2)
+    wait_all(neighbours, RunStatus.DONE, workers=workers)
+    assert stolen == []
+    wait_until(lambda: AgentRun.objects.filter(pk=hog.pk, status=RunStatus.FAILED).exists(),
+               timeout=WAIT, what="the hog's job to time out")
+    hog_done = AgentRun.objects.get(pk=hog.pk)
+    assert hog_done.error == "JobTimeout: the job exceeded its timeout (8 seconds)"
+    # rq's own failure handling files the job a moment after the run recorded why it failed.
+    wait_until(lambda: dispatch.job_status(hog.pk, hog_done.generation) == "failed", timeout=WAIT,
+               what="rq to file the hog's job as failed")
+    assert set(AgentRun.objects.filter(pk__in=[r.pk for r in neighbours]).values_list("recoveries", flat=True)) == {0}
+    assert count(counter).count("x") == 5
+    # The worker goes on taking jobs after the timeout.
+    after = Brisk.run_later("after")
+    wait_all([after], RunStatus.DONE, workers=workers)
+    assert workers.alive() == [True]
