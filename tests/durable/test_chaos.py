@@ -1,4 +1,4 @@
-"""The short chaos run: bench/chaos.py for ~40 s (scripted models, real workers, real servers).
+"""The short chaos run: bench/chaos.py for ~20 s (scripted models, real workers, real servers).
 
 Workers SIGKILLed every few hundred ms, Redis flushed, PostgreSQL (fsync on) restarted: at the
 end no run is left queued or running, no side effect ran twice, and no write the database says
@@ -26,8 +26,8 @@ def test_short_chaos_run_loses_nothing_and_repeats_no_side_effect() -> None:
     env.pop("REDIS_URL", None)
     env["PYTHONPATH"] = str(REPO_ROOT)
     done = subprocess.run(
-        [sys.executable, "-m", "bench.chaos", "--seconds", "40", "--runs", "10", "--workers", "3",
-         "--kill-every", "0.4", "--flushes", "2", "--pg-restarts", "2", "--drain", "120"],
+        [sys.executable, "-m", "bench.chaos", "--seconds", "20", "--runs", "10", "--workers", "3",
+         "--kill-every", "0.3", "--flushes", "2", "--pg-restarts", "2", "--drain", "120"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
