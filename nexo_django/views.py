@@ -31,11 +31,14 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.generic import DetailView, ListView
 
 from .bounded import bounded_json, bounded_text, long_strings, message_view
-from .core.errors import AlreadyDecided, StaleDecision
+from .core.errors import AlreadyDecided, FollowUpRefused, StaleDecision
 from .display import is_hidden
 from .durable import runs
 from .durable.queue_health import queue_warning
 from .models import ACTIVE_RUN_STATUSES, AgentRun, RunEvent, RunStatus, ToolCall
+
+#: Runs of a conversation a run's page lists at most (the ones nearest the run shown).
+CONVERSATION_LIMIT = 50
 
 #: Permissions that let a user see every run, not only the runs they started.
 SEE_ALL_PERMISSIONS = ("nexo_django.view_agentrun", "nexo_django.decide_toolcall")
@@ -138,6 +141,51 @@ def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
     }
 
 
+def conversation_entries(
+    run: AgentRun, visible: QuerySet[AgentRun], url: Any, *, limit: int = CONVERSATION_LIMIT,
+) -> list[dict[str, Any]]:
+    """The runs of ``run``'s conversation for a page, first to last: each one's prompt and result
+    (bounded, escaped) and ``url(run)``, or only that it exists for a run ``visible`` does not
+    hold (another person's). At most ``limit`` runs, those nearest ``run``. Empty when the run
+    is a conversation of its own."""
+    if run.previous_id is None and not AgentRun.objects.filter(previous_id=run.pk).exists():
+        return []
+    runs_ = run.conversation()
+    here = next((i for i, r in enumerate(runs_) if r.pk == run.pk), 0)
+    start = max(0, min(here - limit // 2, len(runs_) - limit))
+    shown = runs_[start : start + limit]
+    allowed = set(visible.filter(pk__in=[r.pk for r in shown]).values_list("pk", flat=True))
+    entries = []
+    for index, r in enumerate(shown, start=start + 1):
+        entry: dict[str, Any] = {"index": index, "pk": r.pk, "current": r.pk == run.pk, "visible": r.pk in allowed}
+        if entry["visible"]:
+            entry.update(
+                status=r.status, status_label=r.get_status_display(), url=url(r),
+                prompt=bounded_text(r.prompt, budget=2_000).html,
+                result=bounded_text(r.result, budget=2_000).html if r.result is not None else None,
+            )
+        entries.append(entry)
+    return entries
+
+
+def neighbours(run: AgentRun, visible: QuerySet[AgentRun]) -> dict[str, AgentRun | None]:
+    """The run before and the run after ``run`` in its conversation, each only if ``visible``
+    holds it."""
+    after = visible.filter(previous_id=run.pk).first()
+    before = visible.filter(pk=run.previous_id).first() if run.previous_id is not None else None
+    return {"previous": before, "next": after}
+
+
+def may_follow_up(run: AgentRun, user: Any) -> bool:
+    """The person who started the conversation's run may ask a follow-up once it is done or
+    cancelled, on the last run of the conversation only."""
+    return (
+        run.status in (RunStatus.DONE, RunStatus.CANCELLED) and run.created_by_id is not None
+        and run.created_by_id == getattr(user, "pk", None)
+        and not AgentRun.objects.filter(previous_id=run.pk).exists()
+    )
+
+
 class VisibleRunsMixin:
     request: HttpRequest
 
@@ -180,18 +228,48 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
         user = self.request.user
         return not run.is_terminal and run.created_by_id is not None and run.created_by_id == user.pk
 
+    def may_follow_up(self, run: AgentRun) -> bool:
+        """Whether the user may ask a follow-up here (:func:`may_follow_up`: their own run)."""
+        return may_follow_up(run, self.request.user)
+
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        """Cancel the user's own run (a CSRF-protected POST, like every form of the site)."""
+        """Cancel the user's own run, or ask a follow-up on it (CSRF-protected POSTs, like every
+        form of the site)."""
         run: AgentRun = self.get_object()
+        if request.POST.get("action") == "follow_up":
+            return self.follow_up(request, run)
         if request.POST.get("action") != "cancel" or not self.may_cancel(run):
             return HttpResponseForbidden("You can cancel only a run of your own that has not finished.")
         runs.cancel_run(run, by=request.user, reason=f"cancelled by {request.user} on the run's page")
         return HttpResponseRedirect(reverse("nexo_django:run_detail", args=[run.pk]))
 
+    def follow_up(self, request: HttpRequest, run: AgentRun) -> HttpResponse:
+        if not self.may_follow_up(run):
+            return HttpResponseForbidden(
+                "You can follow up only on a run of your own that is done or cancelled, and only on "
+                "the last run of its conversation."
+            )
+        prompt = (request.POST.get("prompt") or "").strip()
+        if not prompt:
+            return HttpResponse("Write a question to follow up with.", status=400, content_type="text/plain")
+        try:
+            new = run.follow_up(prompt[:20_000], user=request.user)
+        except FollowUpRefused as exc:
+            return HttpResponse(str(exc), status=409, content_type="text/plain")
+        return HttpResponseRedirect(reverse("nexo_django:run_detail", args=[new.pk]))
+
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
         run: AgentRun = self.object
         context["can_cancel"] = self.may_cancel(run)
+        context["can_follow_up"] = self.may_follow_up(run)
+        visible = self.get_queryset()
+        context["conversation"] = conversation_entries(
+            run, visible, lambda r: reverse("nexo_django:run_detail", args=[r.pk])
+        )
+        for side, other in neighbours(run, visible).items():
+            context[side] = other
+            context[f"{side}_url"] = reverse("nexo_django:run_detail", args=[other.pk]) if other else None
         operator = self.get_shows_operator_details()
         status = run_status(run, operator=operator)
         context["status"] = status

@@ -37,6 +37,7 @@ from ..models import (
 from ..storable import UnstorableValue, refuse_call_ids
 from . import sql
 from .deadlines import deadline
+from .prefix import prefix as conversation_prefix
 
 if TYPE_CHECKING:
     from ..core.agent import Agent
@@ -167,18 +168,23 @@ def capped(value: Any, limit: int) -> Any:
 class DbJournal(Journal):
     def __init__(
         self, run: AgentRun, token: str, agent: Agent, *, messages: list[Message] | None = None,
-        start: str = "held", started: Callable[[], None] | None = None,
+        start: str = "held", started: Callable[[], None] | None = None, prefix: list[Message] | None = None,
     ) -> None:
         """``start`` says what the first commit does besides its own writes: ``"held"``: nothing,
         this worker holds the run already; ``"claim"``: claim the ``queued`` run (a compare-and-set:
         ``LeaseLost`` if another worker or a cancel came first); ``"insert"``: store the run, not
         stored yet, with ``messages`` and its ``created`` event. ``started`` is called inside that
-        transaction."""
+        transaction. ``prefix``: the earlier runs' messages of a follow-up's conversation, read
+        only (sent to the model first; this run's rows are numbered from 0 after them); by default
+        read from the database for a run with a ``previous`` one."""
         if messages is None:
             messages = sql.values(RunMessage, "data", "seq", run_id=run.pk)
         else:
             messages = [dict(m) for m in messages]
-        super().__init__(messages)
+        if prefix is None and run.previous_id is not None:
+            # A follow-up: the earlier runs' rows, read (never copied) and sent to the model first.
+            prefix = conversation_prefix(run)
+        super().__init__(messages, prefix=prefix)
         self.run = run
         self.token = token
         self.agent = agent
@@ -201,7 +207,7 @@ class DbJournal(Journal):
         #: what :meth:`suspend` prepares for :meth:`close`: rows to pend again, and new pending rows
         self._reset: list[int] = []
         self.new_pending: list[ToolCall] = []
-        open_ids = [c["id"] for c in open_calls(messages)]
+        open_ids = [c["id"] for c in open_calls(self.messages)]
         self.calls: dict[str, ToolCall] = {c.tool_call_id: c for c in sql.calls_with_decisions(run.pk, open_ids)}
 
     # --- buffering ---------------------------------------------------------------------------
@@ -438,7 +444,7 @@ class DbJournal(Journal):
     def close(self, status: str, **fields: Any) -> bool:
         """Move the run from running to ``status`` (fenced), writing what is buffered."""
         usage: dict[str, int] = {}
-        for m in self.messages:
+        for m in self.own_messages():
             if m.get("role") == "assistant":
                 add_usage(usage, m.get("usage"))
         now = timezone.now()
