@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.contrib.auth.mixins import LoginRequiredMixin
+from django.core.handlers.asgi import ASGIRequest
 from django.db.models import QuerySet
 from django.http import (
     Http404,
@@ -21,6 +23,7 @@ from django.http import (
     HttpResponseForbidden,
     HttpResponseRedirect,
     JsonResponse,
+    StreamingHttpResponse,
 )
 from django.shortcuts import get_object_or_404
 from django.urls import NoReverseMatch, reverse
@@ -33,7 +36,7 @@ from django.views.generic import DetailView, ListView
 from .bounded import bounded_json, bounded_text, long_strings, message_view
 from .core.errors import AlreadyDecided, FollowUpRefused, StaleDecision
 from .display import is_hidden
-from .durable import runs
+from .durable import live, runs
 from .durable.queue_health import queue_warning
 from .models import ACTIVE_RUN_STATUSES, AgentRun, RunEvent, RunStatus, ToolCall
 
@@ -288,12 +291,19 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
              "texts": [(key, text.html) for key, text in long_strings(c.args)],
              "inbox_url": self.get_inbox_url(c)} for c in run.pending_calls()
         ]
-        # The page polls the status while the run can still change, faster while it works.
+        # Under ASGI the page follows the run's event stream (it reloads when what it shows
+        # changes); under WSGI it polls the status, faster while the run works.
+        live_page = not run.is_terminal and streams(self.request)
+        context["stream"] = {
+            "url": reverse("nexo_django:run_stream", args=[run.pk]),
+            "after": RunEvent.objects.filter(run=run).order_by("-id").values_list("id", flat=True).first() or 0,
+            "reload_on": sorted(RELOAD_ON),
+        } if live_page else None
         context["poll"] = {
             "url": reverse("nexo_django:run_status", args=[run.pk]),
             "version": status["version"],
             "interval_ms": 1000 if status["active"] else 3000,
-        } if not run.is_terminal else None
+        } if not run.is_terminal and not live_page else None
         return context
 
 
@@ -332,8 +342,49 @@ class RunEventsView(View):
         except ValueError:
             return JsonResponse({"error": "after must be an event id (a whole number)"}, status=400)
         rows = list(RunEvent.objects.filter(run=run, id__gt=after).order_by("id")[: EVENTS_PAGE + 1])
-        events = [{"id": e.id, "type": e.type, "data": e.data, "at": e.created_at.isoformat()} for e in rows[:EVENTS_PAGE]]
+        events = [live.event_json(e) for e in rows[:EVENTS_PAGE]]
         return JsonResponse({"run": str(run.pk), "events": events, "more": len(rows) > EVENTS_PAGE})
+
+
+#: Events after which the run's page shows something new (a message, a call waiting, the end):
+#: the page reloads on them; it lists the others as they come.
+RELOAD_ON = frozenset({
+    "model_reply", "tool_result", "suspended", "decision", "expired", "done", "failed", "cancelled",
+    "stopped", "retried", "recovered", "outcome_unknown", "outcome_resolved", "gave_up", "security", "end",
+})
+
+
+def streams(request: HttpRequest) -> bool:
+    """Whether this request is served by an ASGI server, which can hold an event stream open
+    without holding a thread (under WSGI the page polls instead)."""
+    return isinstance(request, ASGIRequest)
+
+
+class RunStreamView(View):
+    """Server-Sent Events: the run's events as they commit (``id:`` is the event's id, ``event:``
+    its type, ``data:`` the JSON the events endpoint gives), the model's text as it is written
+    (``event: delta``, no id: not stored), and ``event: end`` once the run is finished. It resumes
+    after ``Last-Event-ID`` (what a browser's ``EventSource`` sends when it reconnects) or
+    ``?after=<id>``. An async view: it needs an ASGI server (under WSGI: 501, poll ``status/``)."""
+
+    async def get(self, request: HttpRequest, pk: Any) -> HttpResponse | StreamingHttpResponse:
+        user = await request.auser()
+        run = await sync_to_async(lambda: visible_runs(user).filter(pk=pk).first())()  # has_perm reads
+        if run is None:
+            return JsonResponse({"error": "no such run"}, status=404)
+        if not streams(request):
+            return JsonResponse(
+                {"error": "the event stream needs an ASGI server; poll status/ and events/ instead"}, status=501
+            )
+        raw = request.headers.get("Last-Event-ID") or request.GET.get("after") or "0"
+        try:
+            after = int(raw)
+        except ValueError:
+            return JsonResponse({"error": "Last-Event-ID (or after) must be an event id (a whole number)"}, status=400)
+        response = StreamingHttpResponse(live.event_stream(run.pk, after), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache, no-store"
+        response["X-Accel-Buffering"] = "no"  # nginx: pass each event on as it comes
+        return response
 
 
 @method_decorator(never_cache, name="dispatch")

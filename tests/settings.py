@@ -22,7 +22,7 @@ SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
 ALLOWED_HOSTS = ["*"]
-ROOT_URLCONF = "tests.urls"
+ROOT_URLCONF = os.environ.get("NEXO_TEST_ROOT_URLCONF") or "tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
