@@ -128,6 +128,13 @@ class Journal:
         if self.on_event is not None:
             self.on_event(type, data)
 
+    def text(self, turn: int, attempt: int, piece: str) -> None:
+        """A piece of the model's reply as a streaming provider writes it (``attempt`` counts the
+        provider's retries: a retried request writes its text again). Never recorded: the reply is
+        appended whole once it is complete. Here it goes to ``on_event("delta", ...)``."""
+        if self.on_event is not None:
+            self.on_event("delta", {"turn": turn, "attempt": attempt, "text": piece})
+
 
 @dataclass
 class ToolCallRecord:
@@ -500,7 +507,12 @@ class Agent:
         specs = [t.spec() for t in self.toolset().values()]
         journal.before_model()
         journal.emit("model_request", {"turn": turn, "messages": len(journal.messages), "tools": len(specs)})
-        completion = self.llm.complete(journal.messages, specs)
+        if getattr(self.llm, "streams", False):  # a provider streaming its reply: the text as it comes
+            completion = self.llm.complete(  # type: ignore[call-arg] # a streaming model takes on_text
+                journal.messages, specs, on_text=lambda attempt, piece: journal.text(turn, attempt, piece)
+            )
+        else:
+            completion = self.llm.complete(journal.messages, specs)
         message = unique_call_ids(dict(completion.message), journal.call_ids)
         message["usage"] = dict(completion.usage)
         journal.append(message)

@@ -35,7 +35,7 @@ from ..models import (
     args_digest,
 )
 from ..storable import UnstorableValue, refuse_call_ids
-from . import sql
+from . import live, sql
 from .deadlines import deadline
 from .prefix import prefix as conversation_prefix
 
@@ -202,6 +202,8 @@ class DbJournal(Journal):
         if start == "insert":
             self._messages = [(i, m.get("role", ""), m) for i, m in enumerate(messages)]
             self.emit("created", {"agent": run.agent, "later": False})
+        #: the model's text not sent on yet: (turn, attempt, pieces, since when)
+        self._text: tuple[int, int, list[str], float] | None = None
         #: the last model reply is only buffered: it must be saved before any of its calls runs
         self._reply_unsaved = False
         #: what :meth:`suspend` prepares for :meth:`close`: rows to pend again, and new pending rows
@@ -212,8 +214,29 @@ class DbJournal(Journal):
 
     # --- buffering ---------------------------------------------------------------------------
 
+    #: the model's text is sent on at most this often (seconds): one NOTIFY per piece, not per token
+    TEXT_EVERY = 0.1
+
+    def text(self, turn: int, attempt: int, piece: str) -> None:
+        """Send the model's text on to the run's readers (``durable.live``), a few pieces at a
+        time; never stored (the finished message is)."""
+        buffered = self._text
+        if buffered is None or buffered[:2] != (turn, attempt):
+            self._flush_text()
+            buffered = self._text = (turn, attempt, [], time.monotonic())
+        buffered[2].append(piece)
+        if time.monotonic() - buffered[3] >= self.TEXT_EVERY:
+            self._flush_text()
+
+    def _flush_text(self) -> None:
+        buffered, self._text = self._text, None
+        if buffered and buffered[2]:
+            live.publish_delta(self.run.pk, buffered[0], buffered[1], "".join(buffered[2]))
+            self._text = (buffered[0], buffered[1], [], time.monotonic())
+
     def append(self, message: Message) -> None:
         if message.get("role") == "assistant":
+            self._flush_text()
             # At the edge: an id the database cannot keep fails the run before anything of it
             # is written (the model is not asked again).
             refuse_call_ids(message, self.call_id_limit)

@@ -38,7 +38,7 @@ from ..models import TERMINAL_RUN_STATUSES, AgentRun, RunEvent
 log = logging.getLogger("nexo_django.live")
 
 #: The PostgreSQL channels: a run's events committed (payload: the run id), and text deltas
-#: (payload: JSON ``{"run": id, "turn": n, "text": "..."}``).
+#: (payload: JSON ``{"run": id, "turn": n, "attempt": k, "text": "..."}``).
 EVENTS_CHANNEL = "nexo_events"
 DELTAS_CHANNEL = "nexo_deltas"
 #: NOTIFY payloads are at most 8000 bytes; a longer delta is sent in pieces.
@@ -55,7 +55,7 @@ def uses_notify() -> bool:
     return bool(connections[_alias()].vendor == "postgresql")
 
 
-def publish_delta(run_id: Any, turn: int, text: str) -> None:
+def publish_delta(run_id: Any, turn: int, attempt: int, text: str) -> None:
     """Tell the readers of ``run_id`` that the model wrote ``text`` (part of turn ``turn``). On
     PostgreSQL a NOTIFY, delivered at once outside a transaction; elsewhere nothing (readers get
     the finished message). Never raises: live text is a courtesy, the transcript is the record."""
@@ -65,7 +65,8 @@ def publish_delta(run_id: Any, turn: int, text: str) -> None:
     try:
         with conn.cursor() as cursor:
             for start in range(0, len(text), DELTA_CHARS):
-                payload = json.dumps({"run": str(run_id), "turn": turn, "text": text[start : start + DELTA_CHARS]})
+                piece = text[start : start + DELTA_CHARS]
+                payload = json.dumps({"run": str(run_id), "turn": turn, "attempt": attempt, "text": piece})
                 cursor.execute("SELECT pg_notify(%s, %s)", [DELTAS_CHANNEL, payload])
     except DatabaseError as exc:  # the run goes on; the reader sees the finished message
         log.debug("run %s: delta not sent: %s", run_id, exc)
@@ -263,7 +264,7 @@ async def event_stream(run_id: Any, after: int, *, max_seconds: float = MAX_SECO
             while True:
                 item = await sub.wait(max(0.0, min(KEEPALIVE, ends_at - loop.time())))
                 if isinstance(item, dict):  # the model's text: sent as it comes, not stored, no id
-                    yield sse({"turn": item.get("turn"), "text": item.get("text", "")}, event="delta")
+                    yield sse({k: item.get(k) for k in ("turn", "attempt", "text")}, event="delta")
                     continue
                 if item is None:
                     if loop.time() >= ends_at:
