@@ -208,6 +208,17 @@ def asgi_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Asgi
     """A real ASGI server (uvicorn, one process) serving the admin and the run pages
     (tests/urls_runs.py) on loopback, on the test database (the test needs
     ``@pytest.mark.django_db(transaction=True)``). Stopped at teardown, pass or fail."""
+    yield from _uvicorn(request, tmp_path, {"NEXO_TEST_ROOT_URLCONF": "tests.urls_runs"})
+
+
+@pytest.fixture
+def example_asgi_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AsgiServer]:
+    """``asgi_server`` serving the example project (its app and URLs on the test settings, as the
+    ``example`` fixture gives them in process); its workspace is ``tmp_path / "workspace"``."""
+    yield from _uvicorn(request, tmp_path, {"NEXO_TEST_EXAMPLE_WORKSPACE": str(tmp_path / "workspace")})
+
+
+def _uvicorn(request: pytest.FixtureRequest, tmp_path: Path, extra: dict[str, str]) -> Iterator[AsgiServer]:
     import subprocess
     import sys
     import time
@@ -219,9 +230,9 @@ def asgi_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Asgi
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "NEXO_TEST_ROOT_URLCONF": "tests.urls_runs",
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
         "PYTHONUNBUFFERED": "1",
+        **extra,
     }
     env.pop("NEXO_TEST_DB_NAME", None)
     database = _test_database_name(request)
@@ -241,7 +252,7 @@ def asgi_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Asgi
             if process.poll() is not None:
                 pytest.fail(f"uvicorn exited with {process.returncode}:\n{log.read_text()}", pytrace=False)
             try:
-                httpx.get(f"{url}/runs/", timeout=1.0)
+                httpx.get(f"{url}/admin/login/", timeout=1.0)
                 break
             except httpx.TransportError:
                 time.sleep(0.1)

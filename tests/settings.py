@@ -114,3 +114,13 @@ if os.environ.get("NEXO_TEST_RQ_QUEUES"):
     RQ_QUEUES = json.loads(os.environ["NEXO_TEST_RQ_QUEUES"])
 if os.environ.get("NEXO_TEST_NEXO_SETTINGS"):
     NEXO = json.loads(os.environ["NEXO_TEST_NEXO_SETTINGS"])
+
+# A server process serving the example project (conftest's example_asgi_server): its app and
+# URLs on these settings, as the in-process `example` fixture sets them.
+if os.environ.get("NEXO_TEST_EXAMPLE_WORKSPACE"):
+    INSTALLED_APPS = [*INSTALLED_APPS, "example_project.notes"]
+    ROOT_URLCONF = "example_project.urls"
+    LOGIN_URL = "login"
+    NOTES_WORKSPACE = os.environ["NEXO_TEST_EXAMPLE_WORKSPACE"]
+    NOTES_MODEL = None
+
