@@ -236,9 +236,11 @@ def event_json(event: RunEvent) -> dict[str, Any]:
 
 def _read(run_id: Any, after: int) -> tuple[list[dict[str, Any]], str | None, bool]:
     """The run's events after ``after`` (at most :data:`PAGE`), its status, and whether it is
-    terminal: the status is read after the events, so a terminal run has no event after them."""
-    rows = [event_json(e) for e in RunEvent.objects.filter(run_id=run_id, id__gt=after).order_by("id")[:PAGE]]
+    terminal. The status is read first: a run's last events commit with its terminal status, so
+    events read after a terminal status include them (read the other way round, a commit between
+    the two reads ended the stream before its last events)."""
     status = AgentRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
+    rows = [event_json(e) for e in RunEvent.objects.filter(run_id=run_id, id__gt=after).order_by("id")[:PAGE]]
     return rows, status, status is None or status in TERMINAL_RUN_STATUSES
 
 
