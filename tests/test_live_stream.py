@@ -171,3 +171,29 @@ def test_under_wsgi_the_stream_says_to_poll(tmp_path: Path, django_user_model: A
     assert response.status_code == 501 and "poll" in response.json()["error"]
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert "run-poll" in page and "run-stream" not in page
+
+
+def test_a_run_finishing_between_the_streams_reads_loses_no_event(tmp_path: Path, django_user_model: Any) -> None:
+    """The stream reads the run's status and its events in two statements; a worker's last
+    commit (its events and the terminal status together) lands between them here. Whatever the
+    stream then concludes, it never ends the stream without those events."""
+    from nexo_django.durable import live
+
+    run = TwoWrites.run("write both", cwd=tmp_path)
+    last = RunEvent.objects.filter(run=run).order_by("-id").values_list("id", flat=True).first() or 0
+    done = {"done": False}
+
+    def finish_between(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if not done["done"]:
+            done["done"] = True  # the worker's last commit, right after the stream's first read
+            from nexo_django.models import AgentRun
+
+            RunEvent.objects.create(run=run, type="done", data={})
+            AgentRun.objects.filter(pk=run.pk).update(status=RunStatus.DONE)
+        return result
+
+    with connection.execute_wrapper(finish_between):
+        rows, status, terminal = live._read(run.pk, last)
+    assert done["done"]
+    assert not terminal or [r["type"] for r in rows] == ["done"]
