@@ -32,7 +32,10 @@ def _log_in(browser: Any, url: str, user: Any) -> None:
 
 
 def _answers(browser: Any) -> list[str]:
-    return [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".bubble.answer .answer-text")]
+    # One script, not an element at a time: the page may reload between two looks.
+    return list(browser.execute_script(
+        "return Array.from(document.querySelectorAll('.bubble.answer .answer-text')).map(e => e.textContent)"
+    ))
 
 
 def test_question_approval_inline_answer_and_follow_up_in_the_browser_scripted(
