@@ -54,6 +54,8 @@ STEPS = [
     Step("loop_overhead", ["bench.loop_overhead"], ["--runs", "5"]),
     Step("shell_confine", ["bench.shell_confine"], ["--calls", "20"]),
     Step("through_queue", ["bench.through_queue"], ["--samples", "10", "--runs", "20"]),
+    Step("events_latency_postgres", ["bench.events_latency", "--db", "postgres"], ["--samples", "5"]),
+    Step("events_latency_sqlite_wal", ["bench.events_latency", "--db", "sqlite-wal-full"], ["--samples", "5"]),
     Step("inbox_sqlite", ["bench.inbox", "--db", "sqlite"], ["--sizes", "1000,10000", "--renders", "3"]),
     Step("inbox_postgres", ["bench.inbox", "--db", "postgres"], ["--sizes", "1000,10000", "--renders", "3"]),
     Step("decision_page_sqlite", ["bench.decision_page", "--db", "sqlite"], ["--renders", "2"]),

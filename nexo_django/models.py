@@ -38,6 +38,8 @@ class Operations(Protocol):
     cancel_run: Callable[..., bool]
     retry_run: Callable[..., bool]
     resolve_unknown: Callable[..., None]
+    follow_up: Callable[..., AgentRun]
+    conversation: Callable[..., list[AgentRun]]
 
     def refresh(self, obj: models.Model, alias: str) -> None: ...
     def pending_rows(self, run: AgentRun, *, limit: int | None, alias: str) -> list[ToolCall]: ...
@@ -124,6 +126,13 @@ class AgentRun(models.Model):
     #: Bumped at every wake-up; part of the deterministic rq job id.
     generation = models.PositiveIntegerField(default=0)
     recoveries = models.PositiveIntegerField(default=0)
+    #: The run this one follows up (``run.follow_up()``): its conversation's transcript comes
+    #: first. One follow-up per run (the conversation is a line); the one after is ``next_run``.
+    #: An earlier run is kept while a later one needs its rows (PROTECT).
+    previous = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="next_run",
+        help_text="The run this one continues (a follow-up).",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -168,6 +177,17 @@ class AgentRun(models.Model):
 
     def cancel(self, *, by: Any = None, reason: str = "") -> bool:
         return operations().cancel_run(self, by=by, reason=reason)
+
+    def follow_up(self, prompt: str, user: Any = None, *, later: bool = True) -> AgentRun:
+        """A new run of the same agent that continues this run's conversation: the model is sent
+        the earlier runs' transcript, then ``prompt``. Enqueued like ``run_later``; with
+        ``later=False`` it runs now, like ``run``. Refused (``FollowUpRefused``) unless this run
+        is done or cancelled and has no follow-up yet."""
+        return operations().follow_up(self, prompt, user=user, later=later)
+
+    def conversation(self) -> list[AgentRun]:
+        """The runs of this run's conversation, first to last (this one among them)."""
+        return operations().conversation(self)
 
     def retry(self, *, by: Any = None) -> bool:
         """Queue a ``needs_attention`` run again once its unknown calls were resolved, or take a

@@ -6,6 +6,9 @@ Everything here is scripted: no model service is called.
 from __future__ import annotations
 
 import copy
+import re
+import time
+from collections.abc import Callable
 from typing import Any
 
 from .core.errors import ModelError
@@ -48,10 +51,17 @@ class ScriptedModel:
 
     is_scripted = True
 
-    def __init__(self, script: list[Any], *, name: str = "scripted", call_ids: str = "call_{turn}_{index}") -> None:
+    def __init__(
+        self, script: list[Any], *, name: str = "scripted", call_ids: str = "call_{turn}_{index}",
+        stream: bool = False, stream_delay: float = 0.0,
+    ) -> None:
+        """With ``stream`` the model streams as a provider does: a reply's text is handed to
+        ``on_text`` word by word (``stream_delay`` seconds apart), then the whole turn returns."""
         self.script = list(script)
         self.call_ids = call_ids
         self.name = name
+        self.streams = stream
+        self.stream_delay = stream_delay
         self.requests: list[dict[str, Any]] = []
 
     def __repr__(self) -> str:
@@ -60,7 +70,9 @@ class ScriptedModel:
     def __str__(self) -> str:
         return f"scripted model ({len(self.script)} turns)"
 
-    def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> Completion:
+    def complete(
+        self, messages: list[Message], tools: list[dict[str, Any]], *, on_text: Callable[[int, str], None] | None = None,
+    ) -> Completion:
         self.requests.append({"messages": _copied(messages), "tools": [t["name"] for t in tools]})
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         if turn >= len(self.script):
@@ -81,6 +93,11 @@ class ScriptedModel:
             else:
                 raise ModelError(f"scripted turn {turn + 1}: use reply(...) or tool_call(...), got {item!r}")
         message: Message = {"role": "assistant", "content": "\n".join(texts) if texts else None}
+        if on_text is not None and message["content"]:
+            for piece in re.findall(r"\S+\s*|\s+", message["content"]):
+                on_text(0, piece)
+                if self.stream_delay:
+                    time.sleep(self.stream_delay)
         if calls:
             message["tool_calls"] = calls
         # Scripted usage: deterministic and cheap (one "token" a message in, one a call or text out).

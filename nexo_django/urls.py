@@ -1,7 +1,7 @@
 """Optional pages for runs: ``path("runs/", include("nexo_django.urls"))``.
 
-Names (namespace ``nexo_django``): ``run_list``, ``run_detail``, ``run_status``, ``run_events`` and
-``call_decide`` (JSON, session auth; deciding is a POST with the CSRF token).
+Names (namespace ``nexo_django``): ``run_list``, ``run_detail``, ``run_status``, ``run_events``,
+``run_stream`` (Server-Sent Events, under ASGI) and ``call_decide`` (JSON, session auth; deciding is a POST with the CSRF token).
 """
 
 from __future__ import annotations
@@ -17,5 +17,6 @@ urlpatterns = [
     path("<uuid:pk>/", views.RunDetailView.as_view(), name="run_detail"),
     path("<uuid:pk>/status/", views.RunStatusView.as_view(), name="run_status"),
     path("<uuid:pk>/events/", views.RunEventsView.as_view(), name="run_events"),
+    path("<uuid:pk>/stream/", views.RunStreamView.as_view(), name="run_stream"),
     path("<uuid:pk>/calls/<int:call_pk>/decide/", views.CallDecisionView.as_view(), name="call_decide"),
 ]

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.exceptions import PermissionDenied
+from django.core.handlers.asgi import ASGIRequest
 from django.db.models import QuerySet
 from django.http import (
     Http404,
@@ -22,6 +24,7 @@ from django.http import (
     HttpResponseForbidden,
     HttpResponseRedirect,
     JsonResponse,
+    StreamingHttpResponse,
 )
 from django.shortcuts import get_object_or_404
 from django.urls import NoReverseMatch, reverse
@@ -32,11 +35,14 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.generic import DetailView, ListView
 
 from .bounded import bounded_json, bounded_text, long_strings, message_view
-from .core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision
+from .core.errors import AlreadyDecided, FollowUpRefused, InvalidEditedArguments, StaleDecision
 from .display import is_hidden
-from .durable import runs
+from .durable import live, runs
 from .durable.queue_health import queue_warning
 from .models import ACTIVE_RUN_STATUSES, AgentRun, RunEvent, RunStatus, ToolCall
+
+#: Runs of a conversation a run's page lists at most (the ones nearest the run shown).
+CONVERSATION_LIMIT = 50
 
 #: Permissions that let a user see every run, not only the runs they started.
 SEE_ALL_PERMISSIONS = ("nexo_django.view_agentrun", "nexo_django.decide_toolcall")
@@ -148,6 +154,51 @@ def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
     }
 
 
+def conversation_entries(
+    run: AgentRun, visible: QuerySet[AgentRun], url: Any, *, limit: int = CONVERSATION_LIMIT,
+) -> list[dict[str, Any]]:
+    """The runs of ``run``'s conversation for a page, first to last: each one's prompt and result
+    (bounded, escaped) and ``url(run)``, or only that it exists for a run ``visible`` does not
+    hold (another person's). At most ``limit`` runs, those nearest ``run``. Empty when the run
+    is a conversation of its own."""
+    if run.previous_id is None and not AgentRun.objects.filter(previous_id=run.pk).exists():
+        return []
+    runs_ = run.conversation()
+    here = next((i for i, r in enumerate(runs_) if r.pk == run.pk), 0)
+    start = max(0, min(here - limit // 2, len(runs_) - limit))
+    shown = runs_[start : start + limit]
+    allowed = set(visible.filter(pk__in=[r.pk for r in shown]).values_list("pk", flat=True))
+    entries = []
+    for index, r in enumerate(shown, start=start + 1):
+        entry: dict[str, Any] = {"index": index, "pk": r.pk, "current": r.pk == run.pk, "visible": r.pk in allowed}
+        if entry["visible"]:
+            entry.update(
+                status=r.status, status_label=r.get_status_display(), url=url(r),
+                prompt=bounded_text(r.prompt, budget=2_000).html,
+                result=bounded_text(r.result, budget=2_000).html if r.result is not None else None,
+            )
+        entries.append(entry)
+    return entries
+
+
+def neighbours(run: AgentRun, visible: QuerySet[AgentRun]) -> dict[str, AgentRun | None]:
+    """The run before and the run after ``run`` in its conversation, each only if ``visible``
+    holds it."""
+    after = visible.filter(previous_id=run.pk).first()
+    before = visible.filter(pk=run.previous_id).first() if run.previous_id is not None else None
+    return {"previous": before, "next": after}
+
+
+def may_follow_up(run: AgentRun, user: Any) -> bool:
+    """The person who started the conversation's run may ask a follow-up once it is done or
+    cancelled, on the last run of the conversation only."""
+    return (
+        run.status in (RunStatus.DONE, RunStatus.CANCELLED) and run.created_by_id is not None
+        and run.created_by_id == getattr(user, "pk", None)
+        and not AgentRun.objects.filter(previous_id=run.pk).exists()
+    )
+
+
 class VisibleRunsMixin:
     request: HttpRequest
 
@@ -190,18 +241,48 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
         user = self.request.user
         return not run.is_terminal and run.created_by_id is not None and run.created_by_id == user.pk
 
+    def may_follow_up(self, run: AgentRun) -> bool:
+        """Whether the user may ask a follow-up here (:func:`may_follow_up`: their own run)."""
+        return may_follow_up(run, self.request.user)
+
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        """Cancel the user's own run (a CSRF-protected POST, like every form of the site)."""
+        """Cancel the user's own run, or ask a follow-up on it (CSRF-protected POSTs, like every
+        form of the site)."""
         run: AgentRun = self.get_object()
+        if request.POST.get("action") == "follow_up":
+            return self.follow_up(request, run)
         if request.POST.get("action") != "cancel" or not self.may_cancel(run):
             return HttpResponseForbidden("You can cancel only a run of your own that has not finished.")
         runs.cancel_run(run, by=request.user, reason=f"cancelled by {request.user} on the run's page")
         return HttpResponseRedirect(reverse("nexo_django:run_detail", args=[run.pk]))
 
+    def follow_up(self, request: HttpRequest, run: AgentRun) -> HttpResponse:
+        if not self.may_follow_up(run):
+            return HttpResponseForbidden(
+                "You can follow up only on a run of your own that is done or cancelled, and only on "
+                "the last run of its conversation."
+            )
+        prompt = (request.POST.get("prompt") or "").strip()
+        if not prompt:
+            return HttpResponse("Write a question to follow up with.", status=400, content_type="text/plain")
+        try:
+            new = run.follow_up(prompt[:20_000], user=request.user)
+        except FollowUpRefused as exc:
+            return HttpResponse(str(exc), status=409, content_type="text/plain")
+        return HttpResponseRedirect(reverse("nexo_django:run_detail", args=[new.pk]))
+
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)
         run: AgentRun = self.object
         context["can_cancel"] = self.may_cancel(run)
+        context["can_follow_up"] = self.may_follow_up(run)
+        visible = self.get_queryset()
+        context["conversation"] = conversation_entries(
+            run, visible, lambda r: reverse("nexo_django:run_detail", args=[r.pk])
+        )
+        for side, other in neighbours(run, visible).items():
+            context[side] = other
+            context[f"{side}_url"] = reverse("nexo_django:run_detail", args=[other.pk]) if other else None
         operator = self.get_shows_operator_details()
         status = run_status(run, operator=operator)
         context["status"] = status
@@ -220,12 +301,19 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
              "texts": [(key, text.html) for key, text in long_strings(c.args)],
              "inbox_url": self.get_inbox_url(c)} for c in run.pending_calls()
         ]
-        # The page polls the status while the run can still change, faster while it works.
+        # Under ASGI the page follows the run's event stream (it reloads when what it shows
+        # changes); under WSGI it polls the status, faster while the run works.
+        live_page = not run.is_terminal and streams(self.request)
+        context["stream"] = {
+            "url": reverse("nexo_django:run_stream", args=[run.pk]),
+            "after": RunEvent.objects.filter(run=run).order_by("-id").values_list("id", flat=True).first() or 0,
+            "reload_on": sorted(RELOAD_ON),
+        } if live_page else None
         context["poll"] = {
             "url": reverse("nexo_django:run_status", args=[run.pk]),
             "version": status["version"],
             "interval_ms": 1000 if status["active"] else 3000,
-        } if not run.is_terminal else None
+        } if not run.is_terminal and not live_page else None
         return context
 
 
@@ -264,8 +352,49 @@ class RunEventsView(View):
         except ValueError:
             return JsonResponse({"error": "after must be an event id (a whole number)"}, status=400)
         rows = list(RunEvent.objects.filter(run=run, id__gt=after).order_by("id")[: EVENTS_PAGE + 1])
-        events = [{"id": e.id, "type": e.type, "data": e.data, "at": e.created_at.isoformat()} for e in rows[:EVENTS_PAGE]]
+        events = [live.event_json(e) for e in rows[:EVENTS_PAGE]]
         return JsonResponse({"run": str(run.pk), "events": events, "more": len(rows) > EVENTS_PAGE})
+
+
+#: Events after which the run's page shows something new (a message, a call waiting, the end):
+#: the page reloads on them; it lists the others as they come.
+RELOAD_ON = frozenset({
+    "model_reply", "tool_result", "suspended", "decision", "expired", "done", "failed", "cancelled",
+    "stopped", "retried", "recovered", "outcome_unknown", "outcome_resolved", "gave_up", "security", "end",
+})
+
+
+def streams(request: HttpRequest) -> bool:
+    """Whether this request is served by an ASGI server, which can hold an event stream open
+    without holding a thread (under WSGI the page polls instead)."""
+    return isinstance(request, ASGIRequest)
+
+
+class RunStreamView(View):
+    """Server-Sent Events: the run's events as they commit (``id:`` is the event's id, ``event:``
+    its type, ``data:`` the JSON the events endpoint gives), the model's text as it is written
+    (``event: delta``, no id: not stored), and ``event: end`` once the run is finished. It resumes
+    after ``Last-Event-ID`` (what a browser's ``EventSource`` sends when it reconnects) or
+    ``?after=<id>``. An async view: it needs an ASGI server (under WSGI: 501, poll ``status/``)."""
+
+    async def get(self, request: HttpRequest, pk: Any) -> HttpResponse | StreamingHttpResponse:
+        user = await request.auser()
+        run = await sync_to_async(lambda: visible_runs(user).filter(pk=pk).first())()  # has_perm reads
+        if run is None:
+            return JsonResponse({"error": "no such run"}, status=404)
+        if not streams(request):
+            return JsonResponse(
+                {"error": "the event stream needs an ASGI server; poll status/ and events/ instead"}, status=501
+            )
+        raw = request.headers.get("Last-Event-ID") or request.GET.get("after") or "0"
+        try:
+            after = int(raw)
+        except ValueError:
+            return JsonResponse({"error": "Last-Event-ID (or after) must be an event id (a whole number)"}, status=400)
+        response = StreamingHttpResponse(live.event_stream(run.pk, after), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache, no-store"
+        response["X-Accel-Buffering"] = "no"  # nginx: pass each event on as it comes
+        return response
 
 
 @method_decorator(never_cache, name="dispatch")

@@ -201,6 +201,77 @@ def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+@dataclass
+class AsgiServer:
+    url: str
+    log: Path
+
+
+@pytest.fixture
+def asgi_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AsgiServer]:
+    """A real ASGI server (uvicorn, one process) serving the admin and the run pages
+    (tests/urls_runs.py) on loopback, on the test database (the test needs
+    ``@pytest.mark.django_db(transaction=True)``). Stopped at teardown, pass or fail."""
+    yield from _uvicorn(request, tmp_path, {"NEXO_TEST_ROOT_URLCONF": "tests.urls_runs"})
+
+
+@pytest.fixture
+def example_asgi_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[AsgiServer]:
+    """``asgi_server`` serving the example project (its app and URLs on the test settings, as the
+    ``example`` fixture gives them in process); its workspace is ``tmp_path / "workspace"``."""
+    yield from _uvicorn(request, tmp_path, {"NEXO_TEST_EXAMPLE_WORKSPACE": str(tmp_path / "workspace")})
+
+
+def _uvicorn(request: pytest.FixtureRequest, tmp_path: Path, extra: dict[str, str]) -> Iterator[AsgiServer]:
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from tests.servers import free_port
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
+    env.pop("NEXO_TEST_DB_NAME", None)
+    database = _test_database_name(request)
+    if database is not None:
+        env["NEXO_TEST_DB_NAME"] = database
+    port = free_port()
+    log = tmp_path / "uvicorn.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+             "--log-level", "warning", "--lifespan", "off"],
+            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):  # 20 s at most
+            if process.poll() is not None:
+                pytest.fail(f"uvicorn exited with {process.returncode}:\n{log.read_text()}", pytrace=False)
+            try:
+                httpx.get(f"{url}/admin/login/", timeout=1.0)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        else:
+            pytest.fail(f"uvicorn did not answer on {url} within 20 s:\n{log.read_text()}", pytrace=False)
+        yield AsgiServer(url, log)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 BROWSER_WAIT = 15

@@ -22,7 +22,7 @@ SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
 ALLOWED_HOSTS = ["*"]
-ROOT_URLCONF = "tests.urls"
+ROOT_URLCONF = os.environ.get("NEXO_TEST_ROOT_URLCONF") or "tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
@@ -120,3 +120,13 @@ if os.environ.get("NEXO_TEST_RQ_QUEUES"):
     RQ_QUEUES = json.loads(os.environ["NEXO_TEST_RQ_QUEUES"])
 if os.environ.get("NEXO_TEST_NEXO_SETTINGS"):
     NEXO = json.loads(os.environ["NEXO_TEST_NEXO_SETTINGS"])
+
+# A server process serving the example project (conftest's example_asgi_server): its app and
+# URLs on these settings, as the in-process `example` fixture sets them.
+if os.environ.get("NEXO_TEST_EXAMPLE_WORKSPACE"):
+    INSTALLED_APPS = [*INSTALLED_APPS, "example_project.notes"]
+    ROOT_URLCONF = "example_project.urls"
+    LOGIN_URL = "login"
+    NOTES_WORKSPACE = os.environ["NEXO_TEST_EXAMPLE_WORKSPACE"]
+    NOTES_MODEL = None
+

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -43,7 +45,11 @@ def _run_page(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     """Every python block of ``page`` in order, in one namespace, from ``tmp_path``."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("NEXO_MODEL", raising=False)
-    namespace: dict[str, object] = {"__name__": f"docs_{page.stem.replace('-', '_')}"}
+    # A module of its own, importable by name while the page runs: a durable run rebuilds its
+    # agent class from its dotted path (a follow-up, a job of the inline queue).
+    module = types.ModuleType(f"docs_{page.stem.replace('-', '_')}")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace: dict[str, object] = module.__dict__
     for number, match in enumerate(BLOCK.finditer(page.read_text()), start=1):
         code = compile(match.group(1), f"{page.name} block {number}", "exec")
         try:

@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
@@ -29,6 +31,10 @@ class Answer:
     body: Any = None  # dict/list → JSON, str/bytes → sent as is
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0  # seconds to wait before answering (timeouts)
+    #: a streamed answer: these Server-Sent Events, one chunk each (chunked transfer encoding)
+    events: list[str] | None = None
+    #: close the connection after the events, without the body's last chunk (a stream cut off)
+    cut: bool = False
 
     def encode(self) -> tuple[bytes, str]:
         if isinstance(self.body, bytes):
@@ -189,6 +195,9 @@ class _Handler(BaseHTTPRequestHandler):
         answer = self.server.next_answer(received)
         if answer.delay:
             time.sleep(answer.delay)
+        if answer.events is not None:
+            self._stream(answer)
+            return
         data, content_type = answer.encode()
         self.send_response(answer.status)
         headers = {"content-type": content_type, **answer.headers}
@@ -199,6 +208,25 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     do_GET = do_POST
+
+    def _stream(self, answer: Answer) -> None:
+        """The events as a provider streams them: ``text/event-stream``, chunked, each event
+        flushed on its own; with ``cut`` the connection is closed before the end of the body."""
+        self.send_response(answer.status)
+        for name, value in {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache",
+                            "transfer-encoding": "chunked", **answer.headers}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        for event in answer.events or ():
+            data = event.encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+        if answer.cut:
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(b"0\r\n\r\n")
 
 
 class _Server(ThreadingHTTPServer):
@@ -212,6 +240,11 @@ class _Server(ThreadingHTTPServer):
         self.script: list[Answer] = []
         self.requests: list[Received] = []
         self.connections: set[socket.socket] = set()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that stops reading a stream once it has what it needs resets the connection.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
     def track(self, connection: socket.socket) -> None:
         with self.lock:
@@ -275,6 +308,85 @@ class WireServer:
                 connection.shutdown(socket.SHUT_RDWR)
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+# --- streamed answers, event by event as each provider sends them -------------------------------
+
+
+def sse_event(data: Any, event: str | None = None) -> str:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+def openai_stream(
+    pieces: Sequence[str] = (),
+    *, tool_calls: Sequence[dict[str, Any]] = (),
+    finish: str = "stop", usage: dict[str, int] | None = None, model: str = "gpt-4.1-mini",
+) -> list[str]:
+    """Chat Completions chunks as OpenAI streams them with ``stream_options.include_usage``: a
+    first chunk with the role, one per text piece, each tool call's name then its arguments in
+    pieces, the finish reason, a last chunk with the usage and no choices, then ``[DONE]``."""
+    head = {"id": "chatcmpl-wire", "object": "chat.completion.chunk", "created": 1764633600, "model": model,
+            "system_fingerprint": "fp_wire"}
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        return sse_event({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                               "finish_reason": finish_reason}], "usage": None})
+
+    events = [chunk({"role": "assistant", "content": "", "refusal": None})]
+    events += [chunk({"content": piece}) for piece in pieces]
+    for index, call in enumerate(tool_calls):
+        events.append(chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                             "function": {"name": call["name"], "arguments": ""}}]}))
+        arguments = json.dumps(call["args"])
+        for start in range(0, len(arguments), 7):
+            events.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments[start:start + 7]}}]}))
+    events.append(chunk({}, finish))
+    usage = usage or {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    events.append(sse_event({**head, "choices": [], "usage": usage}))
+    events.append(sse_event("[DONE]"))
+    return events
+
+
+def anthropic_stream(
+    blocks: list[dict[str, Any]], *, stop_reason: str = "end_turn", input_tokens: int = 25, output_tokens: int = 15,
+    model: str = "claude-sonnet-4-5",
+) -> list[str]:
+    """Messages API events as Anthropic streams them: ``message_start``, a ``ping``, for each block
+    ``content_block_start``, its deltas (text in pieces, tool input as ``input_json_delta``
+    pieces, thinking then its ``signature_delta``) and ``content_block_stop``, then
+    ``message_delta`` with the stop reason and the output tokens, and ``message_stop``."""
+    events = [sse_event({"type": "message_start", "message": {
+        "id": "msg_wire", "type": "message", "role": "assistant", "content": [], "model": model,
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                  "output_tokens": 1}}}, "message_start"),
+        sse_event({"type": "ping"}, "ping")]
+
+    def delta(index: int, body: dict[str, Any]) -> str:
+        return sse_event({"type": "content_block_delta", "index": index, "delta": body}, "content_block_delta")
+
+    for index, block in enumerate(blocks):
+        kind = block["type"]
+        start = {"text": {"type": "text", "text": ""}, "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                 "tool_use": {"type": "tool_use", "id": block.get("id"), "name": block.get("name"), "input": {}}}.get(kind, block)
+        events.append(sse_event({"type": "content_block_start", "index": index, "content_block": start}, "content_block_start"))
+        if kind == "text":
+            text = block["text"]
+            events += [delta(index, {"type": "text_delta", "text": text[i:i + 5]}) for i in range(0, len(text), 5)]
+        elif kind == "thinking":
+            events.append(delta(index, {"type": "thinking_delta", "thinking": block["thinking"]}))
+            events.append(delta(index, {"type": "signature_delta", "signature": block["signature"]}))
+        elif kind == "tool_use":
+            arguments = json.dumps(block["input"])
+            events.append(delta(index, {"type": "input_json_delta", "partial_json": ""}))
+            events += [delta(index, {"type": "input_json_delta", "partial_json": arguments[i:i + 6]})
+                       for i in range(0, len(arguments), 6)]
+        events.append(sse_event({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    events.append(sse_event({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                             "usage": {"output_tokens": output_tokens}}, "message_delta"))
+    events.append(sse_event({"type": "message_stop"}, "message_stop"))
+    return events
 
 
 def free_port() -> int:

@@ -86,4 +86,40 @@ class Reviewer(Agent):
     instructions = "You review notes in the workspace. You can only read. Answer in one sentence."
 
 
+CHAT_PROMPT = "Summarise the release for the team, and file the summary in published/."
+SUMMARY = "Agents run in a sandbox; gated calls wait for a person; an approved run resumes where it stopped.\n"
+CHAT_ANSWER = (
+    "(scripted model) I filed the summary in published/summary.md. In short: agents run in a sandbox, "
+    "every gated call waits for a person in the approval inbox, and an approved run resumes exactly "
+    "where it stopped."
+)
+FOLLOW_UP_ANSWER = (
+    "(scripted model) You asked me to summarise the release; the summary is in published/summary.md, "
+    "approved before it was written."
+)
+
+
+class Helper(Agent):
+    """The chat page's agent: answers, files what it writes in published/ once a person approves,
+    and takes follow-ups. Its scripted story streams its answers word by word, as a provider does."""
+
+    model = ScriptedModel(
+        [
+            tool_call("write", path="published/summary.md", content=SUMMARY),
+            reply(CHAT_ANSWER),
+            reply(FOLLOW_UP_ANSWER),
+            reply("(scripted model) That is all my scripted story holds; start a new conversation."),
+        ],
+        name="scripted Helper story",
+        stream=True,
+        stream_delay=0.04,
+    )
+    sandbox = "local"
+    permissions = Permissions("approve", approve_when=needs_a_person)
+    instructions = (
+        "You help the team with the release. Files you put in published/ wait for a person's "
+        "approval. Answer in two or three sentences."
+    )
+
+
 AGENTS: dict[str, type[Agent]] = {"scribe": Scribe, "reviewer": Reviewer}

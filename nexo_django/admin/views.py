@@ -36,6 +36,7 @@ from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision,
 from ..display import is_hidden, json_diff, json_for_editor, mark_hidden, reveal
 from ..durable import dispatch, runs
 from ..models import AgentRun, CallStatus, Decision, RunStatus, ToolCall, args_digest
+from ..views import conversation_entries, neighbours
 from . import rules as admin_rules
 from .base import NexoModelAdmin
 from .forms import (
@@ -545,8 +546,23 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
                     "at": e.created_at} for e in events],
         "events_hidden": events_total - len(events),
         **transcript_context(model_admin, request, run),
+        **_conversation_context(model_admin, request, run),
     }
     return TemplateResponse(request, model_admin.detail_template, context)
+
+
+def _conversation_context(model_admin: AgentRunAdmin, request: HttpRequest, run: AgentRun) -> dict[str, Any]:
+    """The run's conversation (the runs before and after it), each linked to its admin page."""
+    visible = model_admin.get_queryset(request)
+
+    def url(other: AgentRun) -> str:
+        return reverse("admin:nexo_django_agentrun_change", args=[other.pk])
+
+    context: dict[str, Any] = {"conversation": conversation_entries(run, visible, url)}
+    for side, other in neighbours(run, visible).items():
+        context[side] = other
+        context[f"{side}_url"] = url(other) if other is not None else None
+    return context
 
 
 def _call_row(model_admin: AgentRunAdmin, call: ToolCall, args: Stored, result: Stored) -> dict[str, Any]:

@@ -69,21 +69,35 @@ class Outcome:
 
 
 class Journal:
-    """Where the loop writes. This one keeps the transcript in memory (``Agent.prompt``)."""
+    """Where the loop writes. This one keeps the transcript in memory (``Agent.prompt``).
 
-    def __init__(self, messages: list[Message] | None = None, on_event: EventCallback | None = None) -> None:
-        self.messages: list[Message] = list(messages or [])
+    ``prefix`` is a conversation's earlier messages (the runs before a follow-up): the model is
+    sent them first, but they are not this run's. The run's turns (``max_turns``), its tokens
+    (``max_tokens``) and its usage count its own messages only; call ids are unique over the
+    whole conversation, since the model sees every one of them."""
+
+    def __init__(
+        self, messages: list[Message] | None = None, on_event: EventCallback | None = None,
+        *, prefix: list[Message] | None = None,
+    ) -> None:
+        #: how many of ``messages`` are the read-only prefix (earlier runs' messages)
+        self.prefix = len(prefix or ())
+        self.messages: list[Message] = [*(prefix or ()), *(messages or ())]
         self.on_event = on_event
-        #: assistant turns so far, kept as messages are appended (the loop's cost stays flat)
+        #: this run's assistant turns so far, kept as messages are appended (the loop's cost stays flat)
         self.turns = 0
-        #: every tool call id of the run so far: an id names one call, never two
+        #: every tool call id of the conversation so far: an id names one call, never two
         self.call_ids: set[str] = set()
-        for message in self.messages:
-            self._count(message)
+        for index, message in enumerate(self.messages):
+            self._count(message, own=index >= self.prefix)
 
-    def _count(self, message: Message) -> None:
+    def own_messages(self) -> list[Message]:
+        """This run's messages: the transcript without the prefix."""
+        return self.messages[self.prefix :]
+
+    def _count(self, message: Message, *, own: bool = True) -> None:
         if message.get("role") == "assistant":
-            self.turns += 1
+            self.turns += own
             self.call_ids.update(str(c.get("id") or "") for c in message.get("tool_calls") or ())
 
     def append(self, message: Message) -> None:
@@ -113,6 +127,13 @@ class Journal:
     def emit(self, type: str, data: dict[str, Any]) -> None:
         if self.on_event is not None:
             self.on_event(type, data)
+
+    def text(self, turn: int, attempt: int, piece: str) -> None:
+        """A piece of the model's reply as a streaming provider writes it (``attempt`` counts the
+        provider's retries: a retried request writes its text again). Never recorded: the reply is
+        appended whole once it is complete. Here it goes to ``on_event("delta", ...)``."""
+        if self.on_event is not None:
+            self.on_event("delta", {"turn": turn, "attempt": attempt, "text": piece})
 
 
 @dataclass
@@ -477,7 +498,7 @@ class Agent:
             )
         budget = type(self).max_tokens
         if budget is not None:
-            spent = tokens_spent(journal.messages)
+            spent = tokens_spent(journal.own_messages())
             if spent >= budget:
                 raise TokenBudgetExceeded(
                     f"{type(self).__name__} spent {spent} of its {budget} tokens (max_tokens) without a "
@@ -486,7 +507,12 @@ class Agent:
         specs = [t.spec() for t in self.toolset().values()]
         journal.before_model()
         journal.emit("model_request", {"turn": turn, "messages": len(journal.messages), "tools": len(specs)})
-        completion = self.llm.complete(journal.messages, specs)
+        if getattr(self.llm, "streams", False):  # a provider streaming its reply: the text as it comes
+            completion = self.llm.complete(  # type: ignore[call-arg] # a streaming model takes on_text
+                journal.messages, specs, on_text=lambda attempt, piece: journal.text(turn, attempt, piece)
+            )
+        else:
+            completion = self.llm.complete(journal.messages, specs)
         message = unique_call_ids(dict(completion.message), journal.call_ids)
         message["usage"] = dict(completion.usage)
         journal.append(message)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AlreadyDecided", "ApprovalRequired", "ConfigurationError", "Denied", "InvalidEditedArguments", "LeaseLost", "MaxTurnsExceeded", "ModelError", "NexoError", "PendingCall", "SecurityError", "StaleDecision", "TokenBudgetExceeded", "ToolArgumentError", "TransitionError"]
+__all__ = ["AlreadyDecided", "ApprovalRequired", "ConfigurationError", "Denied", "FollowUpRefused", "InvalidEditedArguments", "LeaseLost", "MaxTurnsExceeded", "ModelError", "NexoError", "PendingCall", "SecurityError", "StaleDecision", "TokenBudgetExceeded", "ToolArgumentError", "TransitionError"]
 
 
 class NexoError(Exception):
@@ -99,6 +99,11 @@ class TokenBudgetExceeded(MaxTurnsExceeded):
 
 class TransitionError(NexoError):
     """A durable object is not in a state that allows the requested change."""
+
+
+class FollowUpRefused(TransitionError):
+    """A follow-up on a run that cannot take one (it waits, runs, is queued, failed, or was
+    followed up already): the message names the state and what to do."""
 
 
 class AlreadyDecided(TransitionError):

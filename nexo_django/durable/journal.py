@@ -35,8 +35,9 @@ from ..models import (
     args_digest,
 )
 from ..storable import UnstorableValue, refuse_call_ids
-from . import sql
+from . import live, sql
 from .deadlines import deadline
+from .prefix import prefix as conversation_prefix
 
 if TYPE_CHECKING:
     from ..core.agent import Agent
@@ -213,18 +214,23 @@ def capped(value: Any, limit: int) -> Any:
 class DbJournal(Journal):
     def __init__(
         self, run: AgentRun, token: str, agent: Agent, *, messages: list[Message] | None = None,
-        start: str = "held", started: Callable[[], None] | None = None,
+        start: str = "held", started: Callable[[], None] | None = None, prefix: list[Message] | None = None,
     ) -> None:
         """``start`` says what the first commit does besides its own writes: ``"held"``: nothing,
         this worker holds the run already; ``"claim"``: claim the ``queued`` run (a compare-and-set:
         ``LeaseLost`` if another worker or a cancel came first); ``"insert"``: store the run, not
         stored yet, with ``messages`` and its ``created`` event. ``started`` is called inside that
-        transaction."""
+        transaction. ``prefix``: the earlier runs' messages of a follow-up's conversation, read
+        only (sent to the model first; this run's rows are numbered from 0 after them); by default
+        read from the database for a run with a ``previous`` one."""
         if messages is None:
             messages = sql.values(RunMessage, "data", "seq", run_id=run.pk)
         else:
             messages = [dict(m) for m in messages]
-        super().__init__(messages)
+        if prefix is None and run.previous_id is not None:
+            # A follow-up: the earlier runs' rows, read (never copied) and sent to the model first.
+            prefix = conversation_prefix(run)
+        super().__init__(messages, prefix=prefix)
         self.run = run
         self.token = token
         self.agent = agent
@@ -242,18 +248,41 @@ class DbJournal(Journal):
         if start == "insert":
             self._messages = [(i, m.get("role", ""), m) for i, m in enumerate(messages)]
             self.emit("created", {"agent": run.agent, "later": False})
+        #: the model's text not sent on yet: (turn, attempt, pieces, since when)
+        self._text: tuple[int, int, list[str], float] | None = None
         #: the last model reply is only buffered: it must be saved before any of its calls runs
         self._reply_unsaved = False
         #: what :meth:`suspend` prepares for :meth:`close`: rows to pend again, and new pending rows
         self._reset: list[int] = []
         self.new_pending: list[ToolCall] = []
-        open_ids = [c["id"] for c in open_calls(messages)]
+        open_ids = [c["id"] for c in open_calls(self.messages)]
         self.calls: dict[str, ToolCall] = {c.tool_call_id: c for c in sql.calls_with_decisions(run.pk, open_ids)}
 
     # --- buffering ---------------------------------------------------------------------------
 
+    #: the model's text is sent on at most this often (seconds): one NOTIFY per piece, not per token
+    TEXT_EVERY = 0.1
+
+    def text(self, turn: int, attempt: int, piece: str) -> None:
+        """Send the model's text on to the run's readers (``durable.live``), a few pieces at a
+        time; never stored (the finished message is)."""
+        buffered = self._text
+        if buffered is None or buffered[:2] != (turn, attempt):
+            self._flush_text()
+            buffered = self._text = (turn, attempt, [], time.monotonic())
+        buffered[2].append(piece)
+        if time.monotonic() - buffered[3] >= self.TEXT_EVERY:
+            self._flush_text()
+
+    def _flush_text(self) -> None:
+        buffered, self._text = self._text, None
+        if buffered and buffered[2]:
+            live.publish_delta(self.run.pk, buffered[0], buffered[1], "".join(buffered[2]))
+            self._text = (buffered[0], buffered[1], [], time.monotonic())
+
     def append(self, message: Message) -> None:
         if message.get("role") == "assistant":
+            self._flush_text()
             # At the edge: an id the database cannot keep fails the run before anything of it
             # is written (the model is not asked again).
             refuse_call_ids(message, self.call_id_limit)
@@ -497,7 +526,7 @@ class DbJournal(Journal):
     def close(self, status: str, **fields: Any) -> bool:
         """Move the run from running to ``status`` (fenced), writing what is buffered."""
         usage: dict[str, int] = {}
-        for m in self.messages:
+        for m in self.own_messages():
             if m.get("role") == "assistant":
                 add_usage(usage, m.get("usage"))
         now = timezone.now()

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import models
 
 from ..models import AgentRun, CallStatus, ToolCall
-from . import runs, sql
+from . import conversations, prefix, runs, sql
 
 
 class DurableOperations:
@@ -18,6 +18,8 @@ class DurableOperations:
     cancel_run = staticmethod(runs.cancel_run)
     retry_run = staticmethod(runs.retry_run)
     resolve_unknown = staticmethod(runs.resolve_unknown)
+    follow_up = staticmethod(conversations.follow_up)
+    conversation = staticmethod(prefix.conversation)
 
     @staticmethod
     def refresh(obj: models.Model, alias: str) -> None:

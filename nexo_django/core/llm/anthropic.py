@@ -18,6 +18,7 @@ from ..errors import ConfigurationError
 from . import stops
 from .base import Completion, Message, assistant, opaque_for
 from .http import ProviderError, Retry, endpoint, host_of
+from .sse import AnthropicStream, TextSink
 
 __all__ = ["API_VERSION", "AnthropicModel", "DEFAULT_BASE_URL", "OFFICIAL_HOST", "from_wire", "to_wire", "tool_to_wire"]
 
@@ -57,6 +58,7 @@ class AnthropicModel:
         extra_body: Mapping[str, Any] | None = None,
         anthropic_version: str = API_VERSION,
         sleep: Callable[[float], None] = time.sleep,
+        stream: bool = True,
     ) -> None:
         if not model:
             raise ConfigurationError("anthropic: name a model, e.g. 'anthropic:claude-sonnet-4-5'")
@@ -80,11 +82,17 @@ class AnthropicModel:
         self.base_url, self._api_key, self.http = found.base_url, found.api_key, found.http
         self.headers = dict(headers or {})
         self.extra_body = dict(extra_body or {})
+        #: ask for a streamed reply (its text is handed on as it arrives; the reply is the same)
+        self.streams = bool(stream)
 
     def __repr__(self) -> str:
         return f"AnthropicModel({self.model!r}, base_url={self.base_url!r})"
 
-    def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> Completion:
+    def complete(
+        self, messages: list[Message], tools: list[dict[str, Any]], *, on_text: TextSink | None = None,
+    ) -> Completion:
+        """The next assistant turn. With ``stream`` on, the reply is streamed and ``on_text``
+        gets its text as it arrives; the message returned is the same either way."""
         host = host_of(self.base_url)
         system, turns = to_wire(messages, host)
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": turns}
@@ -92,12 +100,23 @@ class AnthropicModel:
             body["system"] = system
         if tools:
             body["tools"] = [tool_to_wire(t) for t in tools]
+        if self.streams:
+            body["stream"] = True
         body.update(self.extra_body)
         headers = {"content-type": "application/json", "anthropic-version": self.anthropic_version, **self.headers}
         if self._api_key:
             headers["x-api-key"] = self._api_key
         url = f"{self.base_url}/v1/messages"
-        data = self.http.post(url, headers, body, permanent=_spend_limit_reached)
+
+        def post(body: dict[str, Any]) -> dict[str, Any]:
+            if body.get("stream"):
+                return self.http.post_stream(
+                    url, headers, body, start=lambda attempt: AnthropicStream(attempt, on_text),
+                    permanent=_spend_limit_reached,
+                )
+            return self.http.post(url, headers, body, permanent=_spend_limit_reached)
+
+        data = post(body)
         # A paused turn (server tools) continues: the paused content goes back as-is, as the
         # last assistant turn, and the continuation's blocks join it in one neutral message.
         blocks: list[Any] = []
@@ -108,7 +127,7 @@ class AnthropicModel:
             blocks.extend(data["content"])
             _add_usage(usage, data.get("usage"))
             body = {**body, "messages": [*turns, {"role": "assistant", "content": list(blocks)}]}
-            data = self.http.post(url, headers, body, permanent=_spend_limit_reached)
+            data = post(body)
         else:
             if data.get("stop_reason") == "pause_turn":
                 raise ProviderError(

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from ..errors import ConfigurationError, ModelError
+from .sse import StreamError, iter_sse
 
 __all__ = ["Endpoint", "ProviderError", "Retry", "check_base_url", "endpoint", "set_max_connections", "shared_client"]
 
@@ -245,39 +246,103 @@ class ProviderHTTP:
             try:
                 response = self.client.post(url, json=body, headers=dict(headers), timeout=self.timeout)
             except httpx.TransportError as exc:
-                if attempt >= retry.max_retries:
-                    raise self._fail(
-                        f"could not reach {_display(url)} after {attempt + 1} attempt(s): "
-                        f"{type(exc).__name__}: {str(exc) or 'no detail'}"
-                    ) from None
-                wait = retry.backoff(attempt)
+                wait = self._transport_wait(url, exc, attempt)
             else:
                 status = response.status_code
                 payload = _json_or_none(response)
                 if 200 <= status < 300:
-                    if not isinstance(payload, dict):
-                        raise self._fail(
-                            f"{_display(url)} answered HTTP {status} with a body that is not a JSON object: "
-                            f"{response.text.strip()[:200]!r}",
-                            status,
-                        )
-                    return payload
-                message = f"HTTP {status} from {_display(url)}: {error_message(payload, response.text)}"
-                retryable = status in RETRY_STATUSES or status >= 500
-                if not retryable or (permanent is not None and permanent(payload)):
-                    raise self._fail(message, status)
-                if attempt >= retry.max_retries:
-                    raise self._fail(f"{message} (gave up after {attempt + 1} attempts)", status)
-                asked = retry_after(response.headers)
-                if asked is not None and asked > retry.max_retry_wait:
-                    raise self._fail(
-                        f"{message} (the server asks to retry after {asked:.0f} s, longer than "
-                        f"max_retry_wait={retry.max_retry_wait:g} s)",
-                        status,
-                    )
-                wait = asked if asked is not None else retry.backoff(attempt)
+                    return self._object(url, status, payload, response.text)
+                wait = self._status_wait(url, response, payload, attempt, permanent)
             retry.sleep(wait)
             attempt += 1
+
+    def post_stream(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        body: dict[str, Any],
+        *,
+        start: Callable[[int], Any],
+        permanent: Callable[[Any], bool] | None = None,
+    ) -> dict[str, Any]:
+        """POST ``body`` (which asks for a stream) and return the reply as the JSON object the
+        provider answers without streaming. ``start(attempt)`` makes the assembler of one attempt
+        (``sse.OpenAIStream``...); a stream cut off midway, or an error event inside it, is retried
+        like a 5xx, and nothing of it is returned. A server that answers JSON instead of a stream
+        is read as such."""
+        retry = self.retry
+        attempt = 0
+        while True:
+            try:
+                with self.client.stream("POST", url, json=body, headers=dict(headers), timeout=self.timeout) as response:
+                    status = response.status_code
+                    if not 200 <= status < 300:
+                        response.read()
+                        wait = self._status_wait(url, response, _json_or_none(response), attempt, permanent)
+                    elif "text/event-stream" not in response.headers.get("content-type", ""):
+                        response.read()
+                        return self._object(url, status, _json_or_none(response), response.text)
+                    else:
+                        assembler = start(attempt)
+                        try:
+                            for event, data in iter_sse(response.iter_lines()):
+                                assembler.feed(event, data)
+                                if assembler.done:
+                                    break
+                            else:
+                                assembler.end()
+                        except StreamError as exc:
+                            if attempt >= retry.max_retries:
+                                raise self._fail(
+                                    f"the stream from {_display(url)} failed: {exc} (gave up after {attempt + 1} attempts)"
+                                ) from None
+                            wait = retry.backoff(attempt)
+                        else:
+                            result: dict[str, Any] = assembler.result()
+                            return result
+            except httpx.TransportError as exc:
+                wait = self._transport_wait(url, exc, attempt)
+            retry.sleep(wait)
+            attempt += 1
+
+    def _object(self, url: str, status: int, payload: Any, text: str) -> dict[str, Any]:
+        if not isinstance(payload, dict):
+            raise self._fail(
+                f"{_display(url)} answered HTTP {status} with a body that is not a JSON object: {text.strip()[:200]!r}",
+                status,
+            )
+        return payload
+
+    def _transport_wait(self, url: str, exc: httpx.TransportError, attempt: int) -> float:
+        """How long to wait before trying again after ``exc`` (a connection that failed or was cut
+        midway), or the error when the retries are spent."""
+        if attempt >= self.retry.max_retries:
+            raise self._fail(
+                f"could not reach {_display(url)} after {attempt + 1} attempt(s): "
+                f"{type(exc).__name__}: {str(exc) or 'no detail'}"
+            ) from None
+        return self.retry.backoff(attempt)
+
+    def _status_wait(
+        self, url: str, response: httpx.Response, payload: Any, attempt: int, permanent: Callable[[Any], bool] | None,
+    ) -> float:
+        """How long to wait before trying again after a non-2xx answer, or its error."""
+        retry = self.retry
+        status = response.status_code
+        message = f"HTTP {status} from {_display(url)}: {error_message(payload, response.text)}"
+        retryable = status in RETRY_STATUSES or status >= 500
+        if not retryable or (permanent is not None and permanent(payload)):
+            raise self._fail(message, status)
+        if attempt >= retry.max_retries:
+            raise self._fail(f"{message} (gave up after {attempt + 1} attempts)", status)
+        asked = retry_after(response.headers)
+        if asked is not None and asked > retry.max_retry_wait:
+            raise self._fail(
+                f"{message} (the server asks to retry after {asked:.0f} s, longer than "
+                f"max_retry_wait={retry.max_retry_wait:g} s)",
+                status,
+            )
+        return asked if asked is not None else retry.backoff(attempt)
 
 
 @dataclass

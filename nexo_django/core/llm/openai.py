@@ -18,6 +18,7 @@ from ..errors import ConfigurationError
 from . import stops
 from .base import Completion, Message, assistant, opaque_for
 from .http import ProviderError, Retry, endpoint, host_of
+from .sse import OpenAIStream, TextSink
 
 __all__ = ["DEFAULT_BASE_URL", "OFFICIAL_HOST", "OpenAIModel", "from_wire", "to_wire", "tool_to_wire"]
 
@@ -54,6 +55,7 @@ class OpenAIModel:
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        stream: bool = True,
     ) -> None:
         if not model:
             raise ConfigurationError("openai: name a model, e.g. 'openai:gpt-4.1-mini'")
@@ -73,20 +75,34 @@ class OpenAIModel:
         self.base_url, self._api_key, self.http = found.base_url, found.api_key, found.http
         self.headers = dict(headers or {})
         self.extra_body = dict(extra_body or {})
+        #: ask for a streamed reply (its text is handed on as it arrives; the reply is the same)
+        self.streams = bool(stream)
 
     def __repr__(self) -> str:
         return f"OpenAIModel({self.model!r}, base_url={self.base_url!r})"
 
-    def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> Completion:
+    def complete(
+        self, messages: list[Message], tools: list[dict[str, Any]], *, on_text: TextSink | None = None,
+    ) -> Completion:
+        """The next assistant turn. With ``stream`` on, the reply is streamed and ``on_text``
+        gets its text as it arrives; the message returned is the same either way."""
         host = host_of(self.base_url)
         body: dict[str, Any] = {"model": self.model, "messages": to_wire(messages, host)}
         if tools:  # OpenAI rejects an empty "tools" array
             body["tools"] = [tool_to_wire(t) for t in tools]
+        if self.streams:  # usage comes in a last chunk only when asked for
+            body.update({"stream": True, "stream_options": {"include_usage": True}})
         body.update(self.extra_body)
         headers = {"content-type": "application/json", **self.headers}
         if self._api_key:
             headers["authorization"] = f"Bearer {self._api_key}"
-        data = self.http.post(f"{self.base_url}/chat/completions", headers, body, permanent=_quota_spent)
+        url = f"{self.base_url}/chat/completions"
+        if body.get("stream"):
+            data = self.http.post_stream(
+                url, headers, body, start=lambda attempt: OpenAIStream(attempt, on_text), permanent=_quota_spent,
+            )
+        else:
+            data = self.http.post(url, headers, body, permanent=_quota_spent)
         return from_wire(data, host)
 
 

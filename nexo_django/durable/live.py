@@ -1,0 +1,279 @@
+"""Live progress: a run's events as they are committed, and the model's text as it is written.
+
+The events are the run's ``RunEvent`` rows: the database is the source of truth and the stream
+a reader of it (an event's id is its place: a reader resumes after the last id it saw). What this
+module adds is the *wake-up*: a reader sleeps until something may have happened to its run.
+
+- On PostgreSQL a trigger on the events table (migration 0009) sends ``NOTIFY nexo_events`` with
+  the run's id when an event row commits, from whatever process wrote it (a worker on another
+  machine, the admin). One listening connection per serving process (:class:`Hub`) wakes every
+  stream of that run: nothing touches the database while nothing happens.
+- Elsewhere (SQLite) the hub polls, one indexed query per interval for every stream of the
+  process (the events' primary key: ``id > last``), and only while a stream is open.
+
+The model's text as it is written (deltas) is never stored: on PostgreSQL it travels as
+``NOTIFY nexo_deltas`` (:func:`publish_delta`, sent by the worker as the provider streams);
+a reader that missed some gets the finished message from the transcript, as every reader does.
+
+Per run, event ids are in commit order: every writer of a run's events holds the run's row lock
+from before it inserts them until it commits (the journal's fenced batch, a decision's
+``lock_first``, a cancel's compare-and-set), so a reader after id N never misses a later commit
+with a smaller id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError, connections, router
+
+from ..models import TERMINAL_RUN_STATUSES, AgentRun, RunEvent
+
+log = logging.getLogger("nexo_django.live")
+
+#: The PostgreSQL channels: a run's events committed (payload: the run id), and text deltas
+#: (payload: JSON ``{"run": id, "turn": n, "attempt": k, "text": "..."}``).
+EVENTS_CHANNEL = "nexo_events"
+DELTAS_CHANNEL = "nexo_deltas"
+#: NOTIFY payloads are at most 8000 bytes; a longer delta is sent in pieces.
+DELTA_CHARS = 1500
+#: How often the polling hub looks (seconds), while a stream is open.
+POLL_INTERVAL = 0.25
+
+
+def _alias() -> str:
+    return router.db_for_read(RunEvent)
+
+
+def uses_notify() -> bool:
+    return bool(connections[_alias()].vendor == "postgresql")
+
+
+def publish_delta(run_id: Any, turn: int, attempt: int, text: str) -> None:
+    """Tell the readers of ``run_id`` that the model wrote ``text`` (part of turn ``turn``). On
+    PostgreSQL a NOTIFY, delivered at once outside a transaction; elsewhere nothing (readers get
+    the finished message). Never raises: live text is a courtesy, the transcript is the record."""
+    if not text or not uses_notify():
+        return
+    conn = connections[_alias()]
+    try:
+        with conn.cursor() as cursor:
+            for start in range(0, len(text), DELTA_CHARS):
+                piece = text[start : start + DELTA_CHARS]
+                payload = json.dumps({"run": str(run_id), "turn": turn, "attempt": attempt, "text": piece})
+                cursor.execute("SELECT pg_notify(%s, %s)", [DELTAS_CHANNEL, payload])
+    except DatabaseError as exc:  # the run goes on; the reader sees the finished message
+        log.debug("run %s: delta not sent: %s", run_id, exc)
+
+
+class Subscription:
+    """One stream's wake-ups: :meth:`wait` returns ``"events"`` when the run may have new events,
+    a delta dict, or ``None`` after ``timeout``."""
+
+    def __init__(self, hub: Hub, run_id: str) -> None:
+        self.hub = hub
+        self.run_id = run_id
+        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1000)
+
+    def put(self, item: Any) -> None:
+        with contextlib.suppress(asyncio.QueueFull):  # a reader that lags reads the rows anyway
+            self.queue.put_nowait(item)
+
+    async def wait(self, timeout: float) -> Any:
+        try:
+            return await asyncio.wait_for(self.queue.get(), timeout)
+        except TimeoutError:
+            return None
+
+    def close(self) -> None:
+        self.hub.unsubscribe(self)
+
+
+class Hub:
+    """The wake-ups of one serving process (one event loop): a LISTEN connection on PostgreSQL,
+    a poll of the events' primary key otherwise. It runs only while a stream is subscribed."""
+
+    def __init__(self) -> None:
+        self.subscribers: dict[str, set[Subscription]] = {}
+        self.task: asyncio.Task[None] | None = None
+        #: set once the listener listens (or the poller has its starting point)
+        self.ready = asyncio.Event()
+
+    async def subscribe(self, run_id: Any) -> Subscription:
+        """Subscribe, and return once wake-ups flow: a read made after this misses nothing."""
+        sub = Subscription(self, str(run_id))
+        self.subscribers.setdefault(sub.run_id, set()).add(sub)
+        if self.task is None or self.task.done():
+            self.ready = asyncio.Event()
+            self.task = asyncio.get_running_loop().create_task(self._run())
+        await self.ready.wait()
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        subs = self.subscribers.get(sub.run_id)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self.subscribers[sub.run_id]
+        if not self.subscribers and self.task is not None:
+            self.task.cancel()
+            self.task = None
+
+    def _wake(self, run_id: str, item: Any) -> None:
+        for sub in list(self.subscribers.get(run_id, ())):
+            sub.put(item)
+
+    def _wake_all(self) -> None:
+        for run_id in list(self.subscribers):
+            self._wake(run_id, "events")
+
+    async def _run(self) -> None:
+        try:
+            if uses_notify():
+                await self._listen()
+            else:
+                await self._poll()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # e.g. psycopg missing: the streams are woken by polling instead
+            log.warning("live progress: cannot listen for notifications; polling instead", exc_info=True)
+            self._wake_all()
+            await self._poll()
+
+    async def _listen(self) -> None:
+        import psycopg  # only on PostgreSQL, where Django's backend needs it anyway
+
+        params = dict(connections[_alias()].get_connection_params())
+        for key in ("context", "cursor_factory", "prepare_threshold"):
+            params.pop(key, None)
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(autocommit=True, **params)
+            except psycopg.Error as exc:
+                log.warning("live progress: cannot LISTEN (%s); retrying", exc)
+                self.ready.set()
+                self._wake_all()
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                async with conn:
+                    await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                    await conn.execute(f"LISTEN {DELTAS_CHANNEL}")
+                    self.ready.set()
+                    # Whatever committed while the connection was down: every stream reads again.
+                    self._wake_all()
+                    async for note in conn.notifies():
+                        if note.channel == EVENTS_CHANNEL:
+                            self._wake(note.payload, "events")
+                        else:
+                            with contextlib.suppress(ValueError, KeyError, TypeError):
+                                delta = json.loads(note.payload)
+                                self._wake(str(delta["run"]), delta)
+            except psycopg.Error as exc:
+                log.warning("live progress: the LISTEN connection ended (%s); reconnecting", exc)
+                await asyncio.sleep(0.2)
+
+    async def _poll(self) -> None:
+        last = await sync_to_async(_last_event_id)()
+        self.ready.set()
+        while True:
+            await asyncio.sleep(POLL_INTERVAL)
+            rows = await sync_to_async(_events_after)(last)
+            for event_id, run_id in rows:
+                last = max(last, event_id)
+                self._wake(str(run_id), "events")
+
+
+def _last_event_id() -> int:
+    return RunEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+
+
+def _events_after(last: int) -> list[tuple[int, Any]]:
+    """The events committed after ``last``, by the primary key (an index probe and a short scan)."""
+    return list(RunEvent.objects.filter(id__gt=last).order_by("id").values_list("id", "run_id")[:1000])
+
+
+_hubs: dict[int, Hub] = {}
+
+
+def hub() -> Hub:
+    """The hub of the running event loop (ASGI servers run one loop per process)."""
+    loop = asyncio.get_running_loop()
+    found = _hubs.get(id(loop))
+    if found is None:
+        found = _hubs[id(loop)] = Hub()
+    return found
+
+
+
+# --- the stream ----------------------------------------------------------------------------------
+
+#: Events one read takes at most (a stream that is behind reads again at once).
+PAGE = 200
+#: A comment line this often keeps proxies from closing an idle stream (seconds).
+KEEPALIVE = 15.0
+#: A stream ends after this long (seconds); the browser reconnects with ``Last-Event-ID``.
+MAX_SECONDS = 300.0
+
+
+def sse(data: Any, *, event: str | None = None, id: int | None = None) -> str:
+    """One Server-Sent Event: ``id:``, ``event:`` and one ``data:`` line of JSON (JSON has no
+    raw newline, so one line always holds it)."""
+    head = (f"id: {id}\n" if id is not None else "") + (f"event: {event}\n" if event else "")
+    return f"{head}data: {json.dumps(data, ensure_ascii=False, default=str)}\n\n"
+
+
+def event_json(event: RunEvent) -> dict[str, Any]:
+    """An event as the JSON endpoint and the stream give it."""
+    return {"id": event.id, "type": event.type, "data": event.data, "at": event.created_at.isoformat()}
+
+
+def _read(run_id: Any, after: int) -> tuple[list[dict[str, Any]], str | None, bool]:
+    """The run's events after ``after`` (at most :data:`PAGE`), its status, and whether it is
+    terminal. The status is read first: a run's last events commit with its terminal status, so
+    events read after a terminal status include them (read the other way round, a commit between
+    the two reads ended the stream before its last events)."""
+    status = AgentRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
+    rows = [event_json(e) for e in RunEvent.objects.filter(run_id=run_id, id__gt=after).order_by("id")[:PAGE]]
+    return rows, status, status is None or status in TERMINAL_RUN_STATUSES
+
+
+async def event_stream(run_id: Any, after: int, *, max_seconds: float = MAX_SECONDS) -> AsyncIterator[str]:
+    """The run's events after id ``after`` as Server-Sent Events, then each one as it commits,
+    with the model's text deltas between them; ends (``event: end``) once the run is finished and
+    every event was sent, or after ``max_seconds`` (the client reconnects from its last id)."""
+    loop = asyncio.get_running_loop()
+    ends_at = loop.time() + max_seconds
+    sub = await hub().subscribe(run_id)  # before the first read: a commit after it wakes us
+    try:
+        yield "retry: 1000\n\n"
+        while True:
+            rows, status, terminal = await sync_to_async(_read)(run_id, after)
+            for row in rows:
+                after = row["id"]
+                yield sse(row, event=row["type"], id=row["id"])
+            if len(rows) == PAGE:
+                continue
+            if terminal:
+                yield sse({"status": status}, event="end")
+                return
+            while True:
+                item = await sub.wait(max(0.0, min(KEEPALIVE, ends_at - loop.time())))
+                if isinstance(item, dict):  # the model's text: sent as it comes, not stored, no id
+                    yield sse({k: item.get(k) for k in ("turn", "attempt", "text")}, event="delta")
+                    continue
+                if item is None:
+                    if loop.time() >= ends_at:
+                        return
+                    yield ": keepalive\n\n"
+                    continue  # nothing was committed: nothing to read
+                break  # events may have committed: read them
+    finally:
+        sub.close()
+
