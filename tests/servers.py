@@ -412,6 +412,34 @@ class PostgresServer(_Server):
         return (signal.SIGINT, signal.SIGQUIT)
 
 
+@contextlib.contextmanager
+def default_database_on_own_cluster(database: str, django_db_blocker: Any) -> Any:
+    """For one test: Django's default database on a PostgreSQL cluster of its own (which the test
+    may restart), migrated; the suite's database is put back afterwards, pass or fail."""
+    import pytest
+    from django.core.management import call_command
+    from django.db import connections
+
+    server = PostgresServer(database=database)
+    try:
+        server.start()
+    except ServerUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    saved = connections.settings["default"]
+    with django_db_blocker.unblock():
+        connections["default"].close()
+        connections.settings["default"] = {**saved, **server.django_database(), "OPTIONS": {}}
+        del connections["default"]
+        try:
+            call_command("migrate", verbosity=0, interactive=False)
+            yield server
+        finally:
+            connections.close_all()
+            del connections["default"]
+            connections.settings["default"] = saved
+            server.stop()
+
+
 def find_redis_server(binary: str | None = None) -> str:
     found = shutil.which(binary or os.environ.get("NEXO_REDIS_SERVER") or "redis-server")
     if found is None:

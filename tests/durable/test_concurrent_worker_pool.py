@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connection
 
 from nexo_django.models import AgentRun, RunStatus
 from tests.durable_agents import Patient, count
 from tests.rq_workers import RQWorkers
-from tests.servers import PostgresServer, ServerUnavailable
+from tests.servers import PostgresServer, default_database_on_own_cluster
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -30,24 +29,8 @@ RUNS = 40
 @pytest.fixture
 def own_postgres(django_db_blocker: Any) -> Iterator[PostgresServer]:
     """The default database, for this test, on a PostgreSQL cluster of its own."""
-    server = PostgresServer(database="nexo_pool")
-    try:
-        server.start()
-    except ServerUnavailable as exc:
-        pytest.fail(str(exc), pytrace=False)
-    saved = connections.settings["default"]
-    with django_db_blocker.unblock():
-        connections["default"].close()
-        connections.settings["default"] = {**saved, **server.django_database(), "OPTIONS": {}}
-        del connections["default"]
-        try:
-            call_command("migrate", verbosity=0, interactive=False)
-            yield server
-        finally:
-            connections.close_all()
-            del connections["default"]
-            connections.settings["default"] = saved
-            server.stop()
+    with default_database_on_own_cluster("nexo_pool", django_db_blocker) as server:
+        yield server
 
 
 def pooled_connections() -> int:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.management import call_command
 from django.db import connections
 
 from nexo_django.durable import dispatch
@@ -20,7 +19,7 @@ from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, RunStatus
 from tests.durable_agents import Scribe
 from tests.rq_workers import RQWorkers
-from tests.servers import PostgresServer, ServerUnavailable, free_port, wait_until
+from tests.servers import PostgresServer, default_database_on_own_cluster, free_port, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -31,24 +30,8 @@ WAIT = 30.0
 @pytest.fixture
 def own_postgres(django_db_blocker: Any) -> Iterator[PostgresServer]:
     """The default database, for this test, on a PostgreSQL cluster the test may restart."""
-    server = PostgresServer(database="nexo_restarts")
-    try:
-        server.start()
-    except ServerUnavailable as exc:
-        pytest.fail(str(exc), pytrace=False)
-    saved = connections.settings["default"]
-    with django_db_blocker.unblock():
-        connections["default"].close()
-        connections.settings["default"] = {**saved, **server.django_database(), "OPTIONS": {}}
-        del connections["default"]
-        try:
-            call_command("migrate", verbosity=0, interactive=False)
-            yield server
-        finally:
-            connections.close_all()
-            del connections["default"]
-            connections.settings["default"] = saved
-            server.stop()
+    with default_database_on_own_cluster("nexo_restarts", django_db_blocker) as server:
+        yield server
 
 
 def start_workers(server: PostgresServer, queue: Any, settings: Any, tmp_path: Path, worker_class: str) -> RQWorkers:
