@@ -128,6 +128,7 @@ def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
     """What the JSON status endpoint answers; ``version`` changes whenever the page would. With
     ``operator`` false, the error is in plain words (:func:`public_error`)."""
     pending = list(run.pending_calls())
+    versions = runs.file_versions_now(run, pending)
     messages = run.messages.count()
     return {
         "id": str(run.pk),
@@ -146,7 +147,7 @@ def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
              # their size), and for a write the version of the file it would replace, to bind an
              # approval to.
              "args": c.args if (c.args_size or 0) <= JSON_ARGS_MAX else None, "args_size": c.args_size,
-             "file_version": runs.file_version_now(run, c)}
+             "file_version": versions[c.pk]}
             for c in pending
         ],
         "updated_at": run.updated_at.isoformat(),

@@ -460,23 +460,27 @@ def check_edited_args(run: AgentRun, call: ToolCall, args: Any) -> None:
         agent.close()
 
 
-def file_version_now(run: AgentRun, call: ToolCall) -> str | None:
-    """For a pending ``write``: the version of the file it would write over as it is now (``""``:
-    no such file), which an approval may be bound to (``decide(..., file_version=)``); None for
-    another call or a file that cannot be looked at. A front end shows the file, then sends this."""
-    args = call.args if isinstance(call.args, dict) else {}
-    if call.capability != "write" or call.name != "write" or not isinstance(args.get("path"), str):
-        return None
+def file_versions_now(run: AgentRun, calls: list[ToolCall]) -> dict[int, str | None]:
+    """For each pending ``write`` of ``calls``: the version of the file it would write over as it
+    is now (``""``: no such file), which an approval may be bound to (``decide(...,
+    file_version=)``); None for another call or a file that cannot be looked at. A front end shows
+    the file, then sends this. The agent is rebuilt once, and only when there is a write."""
+    versions: dict[int, str | None] = {c.pk: None for c in calls}
+    paths = {c.pk: c.args["path"] for c in calls if c.capability == "write" and c.name == "write"
+             and isinstance(c.args, dict) and isinstance(c.args.get("path"), str)}
+    if not paths:
+        return versions
     try:
         agent = build_agent(run)
     except Exception:  # an agent that no longer imports: nothing to bind to
-        return None
+        return versions
     try:
-        return agent.workspace.version(args["path"]) or ""
-    except (SecurityError, OSError, NexoError):
-        return None
+        for pk, path in paths.items():
+            with contextlib.suppress(SecurityError, OSError, NexoError):
+                versions[pk] = agent.workspace.version(path) or ""
     finally:
         agent.close()
+    return versions
 
 
 def check_file_version(call: ToolCall, *, approved: bool, args: Any, file_version: str | None) -> None:
