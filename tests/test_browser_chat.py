@@ -12,23 +12,16 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Permission
 from django.db import connection
-from django.test import Client
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from example_project.notes.agents import CHAT_ANSWER, FOLLOW_UP_ANSWER, SUMMARY
 from nexo_django.models import AgentRun, RunStatus
+from tests.browsing import log_in_with_session
 
 pytestmark = [pytest.mark.browser, pytest.mark.durable, pytest.mark.django_db(transaction=True)]
 
 WAIT = 20
-
-
-def _log_in(browser: Any, url: str, user: Any) -> None:
-    client = Client()
-    client.force_login(user)
-    browser.get(f"{url}/accounts/login/")  # the cookie's domain first
-    browser.add_cookie({"name": "sessionid", "value": client.cookies["sessionid"].value, "path": "/"})
 
 
 def _answers(browser: Any) -> list[str]:
@@ -46,7 +39,7 @@ def test_question_approval_inline_answer_and_follow_up_in_the_browser_scripted(
                              *Permission.objects.filter(codename__startswith="view_", content_type__app_label="nexo_django"))
     url = example_asgi_server.url
     wait = WebDriverWait(browser, WAIT)
-    _log_in(browser, url, ann)
+    log_in_with_session(browser, url, ann, "/accounts/login/")
 
     # Ask.
     browser.get(f"{url}/chat/")

@@ -12,18 +12,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from nexo_django.models import AgentRun, CallStatus, RunStatus
+from tests.browsing import log_in_with_session
 from tests.durable_agents import Scribe
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 WAIT = 15
-
-
-def _log_in(browser: Any, live_server: Any, user: Any) -> None:
-    client = Client()
-    client.force_login(user)
-    browser.get(f"{live_server.url}/runs/")  # the cookie's domain first
-    browser.add_cookie({"name": "sessionid", "value": client.cookies["sessionid"].value, "path": "/"})
 
 
 def test_a_user_cancels_their_own_waiting_run_on_its_page_scripted(
@@ -32,7 +26,7 @@ def test_a_user_cancels_their_own_waiting_run_on_its_page_scripted(
     ann = django_user_model.objects.create_user("ann", password="x")
     run = Scribe.run("write hi", cwd=tmp_path, user=ann)
     assert run.status == RunStatus.SUSPENDED
-    _log_in(browser, live_server, ann)
+    log_in_with_session(browser, live_server.url, ann, "/runs/")
     browser.get(f"{live_server.url}/runs/{run.pk}/")
     browser.find_element(By.ID, "cancel-run").click()
     WebDriverWait(browser, WAIT).until(
