@@ -242,6 +242,11 @@ def _uvicorn(request: pytest.FixtureRequest, tmp_path: Path, extra: dict[str, st
     database = _test_database_name(request)
     if database is not None:
         env["NEXO_TEST_DB_NAME"] = database
+    if "redis_queue_settings" in request.fixturenames:  # the server enqueues on the test's Redis
+        from django.conf import settings
+
+        env["NEXO_TEST_RQ_QUEUES"] = _as_json("RQ_QUEUES", settings.RQ_QUEUES)
+        env["NEXO_TEST_NEXO_SETTINGS"] = _as_json("NEXO", settings.NEXO)
     port = free_port()
     log = tmp_path / "uvicorn.log"
     with log.open("wb") as out:

@@ -216,3 +216,14 @@ class Dawdler(Agent):
     model = ScriptedModel([tool_call("nap", seconds=20.0), reply("Dawdled.")])
     permissions = "auto"
     tools = [nap]
+
+
+#: What :class:`Teller` answers, word by word (a provider's stream, scripted).
+TOLD = "Once upon a time a worker wrote this answer one word at a time for a page far away."
+
+
+class Teller(Agent):
+    """Scripted, streamed: answers :data:`TOLD` a word every 50 ms (about a second in all)."""
+
+    model = ScriptedModel([reply(TOLD)], stream=True, stream_delay=0.05)
+    sandbox = "virtual"

@@ -1,9 +1,10 @@
 """The example's chat page in headless Chromium under a real ASGI server (uvicorn), issue 25
 point 4: ask; the call waits inline with a link to its decision page; approve it there; the
 chat page, untouched, follows the run (its event stream) to the answer; ask a follow-up, which
-continues the conversation. On PostgreSQL the answer is seen growing piece by piece (the worker's
-NOTIFY reaches the page's stream); elsewhere the page gets the finished answer. Scripted model
-(the Helper's story, streamed word by word), inline queue: the approver's request runs the resume."""
+continues the conversation. The answer is seen growing piece by piece: on PostgreSQL the pieces
+reach the page's stream by NOTIFY; on SQLite the approver's request, which runs the resume (inline
+queue), hands them to the chat page's stream in the same server process. Scripted model (the
+Helper's story, streamed word by word)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
-from django.db import connection
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -65,10 +65,7 @@ def test_question_approval_inline_answer_and_follow_up_in_the_browser_scripted(
     browser.switch_to.window(chat_window)
     wait.until(lambda d: CHAT_ANSWER in _answers(d))
     grew = int(browser.execute_script("return Number(window.sessionStorage.getItem('chat-deltas') || '0')"))
-    if connection.vendor == "postgresql":
-        assert grew > 1  # seen growing, piece by piece, before the finished answer replaced it
-    else:
-        assert grew == 0  # no channel for the pieces: the finished answer only
+    assert grew > 1  # seen growing, piece by piece, before the finished answer replaced it
     assert (tmp_path / "workspace" / "published" / "summary.md").read_text() == SUMMARY
 
     # Ask a follow-up: the same conversation, a new run.

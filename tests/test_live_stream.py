@@ -45,8 +45,12 @@ class Stream(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.session, self.last_id, self.drop_after = url, session, last_id, drop_after
         self.events: list[tuple[int, str]] = []
+        #: the model's text as it came (event: delta), with how many events came before each piece
+        self.deltas: list[tuple[int, str]] = []
         self.status: int | None = None
         self.ended = False
+        #: the stream's first line (the retry hint) came: it is subscribed to the run
+        self.opened = False
         self.error: BaseException | None = None
         self._changed = threading.Condition()
 
@@ -78,8 +82,18 @@ class Stream(threading.Thread):
         if fields.get("event") == "end":
             self.ended = True
             return True
+        if "retry" in fields:
+            with self._changed:
+                self.opened = True
+                self._changed.notify_all()
+            return False
+        if fields.get("event") == "delta":  # the model's text: no id, not stored
+            with self._changed:
+                self.deltas.append((len(self.events), json.loads(fields["data"])["text"]))
+                self._changed.notify_all()
+            return False
         if "id" not in fields:
-            return False  # a comment, the retry hint, or a delta (no id: not stored)
+            return False  # a comment or the retry hint
         data = json.loads(fields["data"])
         assert data["id"] == int(fields["id"]) and data["type"] == fields["event"]
         with self._changed:
@@ -93,6 +107,11 @@ class Stream(threading.Thread):
                 lambda: sum(t == type for _, t in self.events) >= count or not self.is_alive(), WAIT
             )
         assert ok and sum(t == type for _, t in self.events) >= count, (self.events, self.error)
+
+    def wait_open(self) -> None:
+        with self._changed:
+            ok = self._changed.wait_for(lambda: self.opened or not self.is_alive(), WAIT)
+        assert ok and self.opened, (self.status, self.error)
 
     def last(self) -> int:
         return self.events[-1][0]

@@ -11,9 +11,16 @@ module adds is the *wake-up*: a reader sleeps until something may have happened 
 - Elsewhere (SQLite) the hub polls, one indexed query per interval for every stream of the
   process (the events' primary key: ``id > last``), and only while a stream is open.
 
-The model's text as it is written (deltas) is never stored: on PostgreSQL it travels as
-``NOTIFY nexo_deltas`` (:func:`publish_delta`, sent by the worker as the provider streams);
-a reader that missed some gets the finished message from the transcript, as every reader does.
+The model's text as it is written (deltas) is never stored. It travels by the first of these
+that the settings give (:func:`delta_channel`, the same answer in the worker and the page):
+
+- ``"postgresql"``: ``NOTIFY nexo_deltas`` on the database;
+- ``"redis"``: ``PUBLISH nexo_deltas`` on the run queue's Redis (every worker of a queue that
+  is not inline reaches it, whatever the database), read by one subscription per process;
+- ``"process"``: an inline queue runs the run in the process that serves its pages, which hands
+  the pieces to that process's streams directly.
+
+A reader that missed some gets the finished message from the transcript, as every reader does.
 
 Per run, event ids are in commit order: every writer of a run's events holds the run's row lock
 from before it inserts them until it commits (the journal's fenced batch, a decision's
@@ -27,6 +34,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -34,15 +43,20 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections, router
 
 from ..models import TERMINAL_RUN_STATUSES, AgentRun, RunEvent
+from . import dispatch
 
 log = logging.getLogger("nexo_django.live")
 
-#: The PostgreSQL channels: a run's events committed (payload: the run id), and text deltas
-#: (payload: JSON ``{"run": id, "turn": n, "attempt": k, "text": "..."}``).
+#: The channels: a run's events committed (PostgreSQL; payload: the run id), and text deltas
+#: (PostgreSQL or Redis; payload: JSON ``{"run": id, "turn": n, "attempt": k, "text": "..."}``).
 EVENTS_CHANNEL = "nexo_events"
 DELTAS_CHANNEL = "nexo_deltas"
 #: NOTIFY payloads are at most 8000 bytes; a longer delta is sent in pieces.
 DELTA_CHARS = 1500
+#: Seconds a worker waits for Redis to take a delta; after a failure it sends none for
+#: :data:`REDIS_PAUSE` seconds (live text never slows a run down).
+REDIS_TIMEOUT = 1.0
+REDIS_PAUSE = 5.0
 #: How often the polling hub looks (seconds), while a stream is open.
 POLL_INTERVAL = 0.25
 
@@ -55,21 +69,97 @@ def uses_notify() -> bool:
     return bool(connections[_alias()].vendor == "postgresql")
 
 
-def publish_delta(run_id: Any, turn: int, attempt: int, text: str) -> None:
-    """Tell the readers of ``run_id`` that the model wrote ``text`` (part of turn ``turn``). On
-    PostgreSQL a NOTIFY, delivered at once outside a transaction; elsewhere nothing (readers get
-    the finished message). Never raises: live text is a courtesy, the transcript is the record."""
-    if not text or not uses_notify():
-        return
-    conn = connections[_alias()]
+def delta_channel() -> str:
+    """How the model's text travels from a run to its pages: ``"postgresql"``, ``"redis"`` or
+    ``"process"`` (see the module's docstring)."""
+    if uses_notify():
+        return "postgresql"
     try:
-        with conn.cursor() as cursor:
-            for start in range(0, len(text), DELTA_CHARS):
-                piece = text[start : start + DELTA_CHARS]
-                payload = json.dumps({"run": str(run_id), "turn": turn, "attempt": attempt, "text": piece})
-                cursor.execute("SELECT pg_notify(%s, %s)", [DELTAS_CHANNEL, payload])
-    except DatabaseError as exc:  # the run goes on; the reader sees the finished message
-        log.debug("run %s: delta not sent: %s", run_id, exc)
+        return "process" if dispatch.is_inline() else "redis"
+    except Exception:  # a misnamed queue: the checks and the run say so; no text travels far
+        return "process"
+
+
+def publish_delta(run_id: Any, turn: int, attempt: int, text: str) -> None:
+    """Tell the readers of ``run_id`` that the model wrote ``text`` (part of turn ``turn``), by
+    :func:`delta_channel`. Never raises: live text is a courtesy, the transcript is the record."""
+    if not text:
+        return
+    payloads = [
+        {"run": str(run_id), "turn": turn, "attempt": attempt, "text": text[start : start + DELTA_CHARS]}
+        for start in range(0, len(text), DELTA_CHARS)
+    ]
+    channel = delta_channel()
+    if channel == "postgresql":
+        try:
+            with connections[_alias()].cursor() as cursor:
+                for payload in payloads:
+                    cursor.execute("SELECT pg_notify(%s, %s)", [DELTAS_CHANNEL, json.dumps(payload)])
+        except DatabaseError as exc:  # the run goes on; the reader sees the finished message
+            log.debug("run %s: delta not sent: %s", run_id, exc)
+    elif channel == "redis":
+        _redis_publisher.publish([json.dumps(payload) for payload in payloads])
+    else:
+        for found in list(_hubs.values()):
+            found.wake_from_thread(str(run_id), payloads)
+
+
+class _RedisPublisher:
+    """The worker's side of the Redis channel: its own connection to the queue's Redis, with a
+    short timeout, silent for a while after a failure."""
+
+    def __init__(self) -> None:
+        self.client: Any = None
+        self.key: Any = None
+        self.paused_until = 0.0
+        self.lock = threading.Lock()
+
+    def publish(self, payloads: list[str]) -> None:
+        try:
+            with self.lock:
+                client = self._client()
+            if time.monotonic() < self.paused_until:
+                return
+            for payload in payloads:
+                client.publish(DELTAS_CHANNEL, payload)
+        except Exception as exc:  # redis.RedisError, OSError, a queue that cannot be built
+            self.paused_until = time.monotonic() + REDIS_PAUSE
+            log.debug("delta not sent to Redis (none for %s s): %s", REDIS_PAUSE, exc)
+
+    def _client(self) -> Any:
+        """The client of the run queue's Redis; a new one (and no pause) when that changed."""
+        from redis import ConnectionPool, Redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        pool = dispatch.get_queue().connection.connection_pool
+        key = (pool.connection_class, repr(sorted(pool.connection_kwargs.items())))
+        if self.client is None or self.key != key:
+            options = {**pool.connection_kwargs, "socket_connect_timeout": REDIS_TIMEOUT,
+                       "socket_timeout": REDIS_TIMEOUT, "retry": Retry(NoBackoff(), 0)}
+            self.client = Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **options))
+            self.key, self.paused_until = key, 0.0
+        return self.client
+
+
+_redis_publisher = _RedisPublisher()
+
+
+def _async_redis() -> Any:
+    """A ``redis.asyncio`` client of the run queue's Redis (the same server and options as the
+    queue's own connection), for a subscription: no read timeout."""
+    import redis.asyncio as aioredis
+    from redis import connection as sync
+
+    pool = dispatch.get_queue().connection.connection_pool
+    options = {k: v for k, v in pool.connection_kwargs.items() if k != "socket_timeout"}
+    if issubclass(pool.connection_class, sync.UnixDomainSocketConnection):
+        cls: type = aioredis.UnixDomainSocketConnection
+    elif issubclass(pool.connection_class, sync.SSLConnection):
+        cls = aioredis.SSLConnection
+    else:
+        cls = aioredis.Connection
+    return aioredis.Redis(connection_pool=aioredis.ConnectionPool(connection_class=cls, **options))
 
 
 class Subscription:
@@ -99,20 +189,28 @@ class Hub:
     """The wake-ups of one serving process (one event loop): a LISTEN connection on PostgreSQL,
     a poll of the events' primary key otherwise. It runs only while a stream is subscribed."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop
         self.subscribers: dict[str, set[Subscription]] = {}
         self.task: asyncio.Task[None] | None = None
         #: set once the listener listens (or the poller has its starting point)
         self.ready = asyncio.Event()
+        #: set once the Redis subscription is live (or failed); only for the Redis channel
+        self.deltas_ready = asyncio.Event()
+        #: how the model's text reaches this hub (:func:`delta_channel`), read when it starts
+        self.channel = "process"
 
     async def subscribe(self, run_id: Any) -> Subscription:
         """Subscribe, and return once wake-ups flow: a read made after this misses nothing."""
         sub = Subscription(self, str(run_id))
         self.subscribers.setdefault(sub.run_id, set()).add(sub)
         if self.task is None or self.task.done():
-            self.ready = asyncio.Event()
+            self.ready, self.deltas_ready = asyncio.Event(), asyncio.Event()
             self.task = asyncio.get_running_loop().create_task(self._run())
         await self.ready.wait()
+        if self.channel == "redis":
+            with contextlib.suppress(TimeoutError):  # Redis away: the events still flow
+                await asyncio.wait_for(self.deltas_ready.wait(), REDIS_TIMEOUT * 2)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
@@ -133,10 +231,22 @@ class Hub:
         for run_id in list(self.subscribers):
             self._wake(run_id, "events")
 
+    def wake_from_thread(self, run_id: str, deltas: list[dict[str, Any]]) -> None:
+        """Hand deltas written by a run in another thread of this process to the streams of
+        ``run_id`` (the ``"process"`` channel)."""
+        if run_id not in self.subscribers or self.loop is None or self.loop.is_closed():
+            return
+        for delta in deltas:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self.loop.call_soon_threadsafe(self._wake, run_id, delta)
+
     async def _run(self) -> None:
+        self.channel = delta_channel()  # settings and the backend's vendor: no query
         try:
-            if uses_notify():
+            if self.channel == "postgresql":
                 await self._listen()
+            elif self.channel == "redis":
+                await asyncio.gather(self._poll(), self._redis_deltas())
             else:
                 await self._poll()
         except asyncio.CancelledError:
@@ -179,6 +289,36 @@ class Hub:
                 log.warning("live progress: the LISTEN connection ended (%s); reconnecting", exc)
                 await asyncio.sleep(0.2)
 
+    async def _redis_deltas(self) -> None:
+        """The Redis channel's deltas, from one subscription (reconnected when it drops)."""
+        from redis.exceptions import RedisError
+
+        while True:
+            client = None
+            try:
+                client = await sync_to_async(_async_redis)()
+                async with client.pubsub() as pubsub:
+                    await pubsub.subscribe(DELTAS_CHANNEL)
+                    self.deltas_ready.set()
+                    async for message in pubsub.listen():
+                        if message.get("type") != "message":
+                            continue
+                        with contextlib.suppress(ValueError, KeyError, TypeError):
+                            delta = json.loads(message["data"])
+                            self._wake(str(delta["run"]), delta)
+            except (RedisError, OSError) as exc:
+                log.warning("live progress: the Redis subscription for the model's text ended (%s); retrying", exc)
+                self.deltas_ready.set()
+                await asyncio.sleep(1.0)
+            except Exception:  # a connection the async client cannot build: the events still flow
+                log.warning("live progress: cannot subscribe to Redis for the model's text", exc_info=True)
+                self.deltas_ready.set()
+                return
+            finally:
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        await client.aclose()
+
     async def _poll(self) -> None:
         last = await sync_to_async(_last_event_id)()
         self.ready.set()
@@ -206,8 +346,11 @@ def hub() -> Hub:
     """The hub of the running event loop (ASGI servers run one loop per process)."""
     loop = asyncio.get_running_loop()
     found = _hubs.get(id(loop))
-    if found is None:
-        found = _hubs[id(loop)] = Hub()
+    if found is None or found.loop is not loop:
+        for key, old in list(_hubs.items()):  # the hubs of loops that ended
+            if old.loop is None or old.loop.is_closed():
+                del _hubs[key]
+        found = _hubs[id(loop)] = Hub(loop)
     return found
 
 
