@@ -227,3 +227,13 @@ class Teller(Agent):
 
     model = ScriptedModel([reply(TOLD)], stream=True, stream_delay=0.05)
     sandbox = "virtual"
+
+
+class Conversant(Agent):
+    """Scripted: answers; its follow-up writes notes.txt under approve, then answers. The
+    script's turn is the conversation's assistant count, so the follow-up's worker plays the
+    write only if it was sent the earlier run's transcript."""
+
+    model = ScriptedModel([reply("Paris."), tool_call("write", path="notes.txt", content="Paris"), reply("Noted it.")])
+    sandbox = "local"
+    permissions = "approve"

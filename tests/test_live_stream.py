@@ -169,6 +169,31 @@ def test_the_stream_resumes_after_two_drops_with_no_event_lost_or_repeated_scrip
     assert (tmp_path / "b.txt").read_text() == "B"
 
 
+@pytest.mark.postgresql_only
+def test_a_dropped_listen_connection_comes_back_and_no_event_is_lost_scripted(
+    asgi_server: Any, tmp_path: Path, django_user_model: Any
+) -> None:
+    """The server's LISTEN connection is terminated; a decision commits before it is back (its
+    NOTIFY reaches nobody): the stream still gets every event, once, in order."""
+    ann = django_user_model.objects.create_user("ann")
+    run = TwoWrites.run("write both", cwd=tmp_path, user=ann)
+    stream = Stream(f"{asgi_server.url}/runs/{run.pk}/stream/", _session(ann))
+    stream.start()
+    stream.saw("suspended")
+    assert _listening()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE query LIKE 'LISTEN nexo_%%' AND pid <> pg_backend_pid()")
+        assert cursor.rowcount >= 1
+    run.pending_calls().get().approve()  # at once: the listener is not back yet
+    stream.saw("suspended", 2)  # woken when the listener came back and every stream read again
+    assert _listening()
+    run.pending_calls().get().approve()
+    stream.join(WAIT)
+    assert stream.ended and stream.error is None, (stream.events, stream.error)
+    assert stream.events == list(RunEvent.objects.filter(run=run).order_by("id").values_list("id", "type"))
+
+
 def test_the_stream_is_only_for_who_may_see_the_run(asgi_server: Any, tmp_path: Path, django_user_model: Any) -> None:
     ann = django_user_model.objects.create_user("ann")
     bob = django_user_model.objects.create_user("bob")

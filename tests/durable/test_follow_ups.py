@@ -4,14 +4,17 @@ models throughout: what the model receives is what the test checks."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 from nexo_django import Agent
 from nexo_django.core.errors import FollowUpRefused
+from nexo_django.durable import conversations
 from nexo_django.models import AgentRun, RunEvent, RunMessage, RunStatus
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.admin.support import approver
@@ -152,6 +155,53 @@ def test_a_run_is_followed_up_once_scripted() -> None:
     second.cancel()
     with pytest.raises(FollowUpRefused, match=f"followed up already \\(by run {second.pk}\\)"):
         first.follow_up("another branch")
+
+
+def test_two_follow_ups_at_once_make_one_run_and_one_clear_refusal_scripted() -> None:
+    first = Chatty.run("Capital of France?")
+    barrier = threading.Barrier(2)
+    outcomes: list[tuple[str, str]] = []
+
+    def ask(n: int) -> None:
+        barrier.wait()
+        try:
+            outcomes.append(("run", str(first.follow_up(f"Write it down ({n}).", later=False).pk)))
+        except FollowUpRefused as exc:
+            outcomes.append(("refused", str(exc)))
+        except Exception as exc:  # noqa: BLE001 - what must not happen, reported
+            outcomes.append(("error", repr(exc)))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(kind for kind, _ in outcomes) == ["refused", "run"], outcomes
+    refusal = next(text for kind, text in outcomes if kind == "refused")
+    assert "followed up already" in refusal and "last run of the conversation" in refusal
+    assert [str(pk) for pk in AgentRun.objects.filter(previous=first).values_list("pk", flat=True)] == [
+        text for kind, text in outcomes if kind == "run"]
+
+
+def test_a_follow_up_stored_by_another_at_the_same_moment_is_refused_with_nothing_stored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The unique link catches what the check cannot see (the other follow-up committed between
+    this one's check and its insert): a refusal, never a raw database error, nothing half-stored."""
+    first = Chatty.run("Capital of France?")
+    store = conversations._store
+
+    def another_one_first(earlier: AgentRun, *args: Any, **kwargs: Any) -> AgentRun:
+        AgentRun.objects.create(agent=earlier.agent, prompt="the other", status=RunStatus.DONE, previous=earlier)
+        return store(earlier, *args, **kwargs)
+
+    monkeypatch.setattr(conversations, "_store", another_one_first)
+    before = (AgentRun.objects.count(), RunMessage.objects.count(), RunEvent.objects.count())
+    with pytest.raises(FollowUpRefused, match="followed up already, at the same moment"):
+        first.follow_up("Write it down.")
+    assert (AgentRun.objects.count(), RunMessage.objects.count(), RunEvent.objects.count()) == before
 
 
 def test_a_cancelled_run_is_followed_up_with_its_open_call_shown_as_not_run_scripted() -> None:

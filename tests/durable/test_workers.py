@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from nexo_django.durable import dispatch
 from nexo_django.durable.recovery import reconcile
-from nexo_django.models import AgentRun, CallStatus, Decision, RunStatus, ToolCall
-from tests.durable_agents import Bumper, Scribe, ThreeTurns, Tripper, count
+from nexo_django.models import AgentRun, CallStatus, Decision, RunMessage, RunStatus, ToolCall
+from tests.durable_agents import Bumper, Conversant, Scribe, ThreeTurns, Tripper, count
 from tests.servers import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable, pytest.mark.redis]
@@ -58,6 +58,24 @@ def test_seed_example_denied_finishes_done_without_the_file(rq_worker: Any, tmp_
     run.resume(approved=False)
     wait_status(run, RunStatus.DONE)
     assert not (tmp_path / "notes.txt").exists()
+
+
+def test_a_follow_up_is_run_and_resumed_by_a_worker_in_another_process_scripted(
+    rq_worker: Any, tmp_path: Path
+) -> None:
+    rq_worker(1)
+    first = wait_status(Conversant.run_later("Capital of France?", cwd=tmp_path), RunStatus.DONE)
+    assert first.result == "Paris."
+    second = first.follow_up("Write it down.")  # enqueued, like run_later
+    assert second.status == RunStatus.QUEUED and second.previous == first
+    second = wait_status(second, RunStatus.SUSPENDED)  # the worker sent the earlier transcript
+    assert [c.name for c in second.pending_calls()] == ["write"]
+    second.resume(approved=True)
+    second = wait_status(second, RunStatus.DONE)
+    assert second.result == "Noted it." and (tmp_path / "notes.txt").read_text() == "Paris"
+    assert [m.role for m in RunMessage.objects.filter(run=first).order_by("seq")] == ["user", "assistant"]
+    assert [m.role for m in RunMessage.objects.filter(run=second).order_by("seq")] == [
+        "user", "assistant", "tool", "assistant"]  # its own rows only: nothing copied
 
 
 def wait_job_status(run: AgentRun, status: str) -> None:
