@@ -245,6 +245,21 @@ def check_done(ids: list[Any]) -> None:
         raise RuntimeError(f"runs did not end done: {bad}")
 
 
+def ramp(ids: list[Any]) -> tuple[float, float]:
+    """Seconds from the first run's first model request to the last run's first one (how long the
+    worker took to start them all), and to the first run done: while the ramp is longer than a
+    run, the first runs end before the last start, and fewer than all are in flight at once."""
+    from django.db.models import Min
+
+    from nexo_django.models import RunEvent
+
+    events = RunEvent.objects.filter(run_id__in=ids)
+    firsts = sorted(events.filter(type="model_request").values("run_id").annotate(t=Min("created_at"))
+                    .values_list("t", flat=True))  # fmt: skip
+    done = events.filter(type="done").aggregate(t=Min("created_at"))["t"]
+    return (firsts[-1] - firsts[0]).total_seconds(), (done - firsts[0]).total_seconds()
+
+
 def measure_nexo(server: SlowServer, workers: Any, count: int, warmup: int) -> dict[str, float]:
     import django_rq
     from rq.suspension import resume, suspend
@@ -265,7 +280,8 @@ def measure_nexo(server: SlowServer, workers: Any, count: int, warmup: int) -> d
         wait_for(lambda: all_done(ids), f"{count} runs")
         elapsed = time.perf_counter() - start
     check_done(ids)
-    return {"in_flight": server.peak, "pss": sampler.peak_pss, "runs_per_s": count / elapsed,
+    ramp_s, first_done_s = ramp(ids)
+    return {"ramp_s": ramp_s, "first_done_s": first_done_s, "in_flight": server.peak, "pss": sampler.peak_pss, "runs_per_s": count / elapsed,
             "seconds": elapsed, "send_s": sent, "db_connections": sampler.peaks[0], "running": sampler.peaks[1],
             "cpu_ms_per_run": sampler.cpu * 1e3 / count}  # fmt: skip
 
@@ -394,7 +410,8 @@ def main() -> None:
         note(f"nexo: one concurrent worker, {args.runs} runs, pool of {args.pool}")
         nexo = nexo_concurrent(server, redis_server.url, args.runs, args.pool)
         print_side("nexo_concurrent_worker", nexo, 1, runs_running_peak=nexo["running"], pool=args.pool,
-                   pg_connections=nexo["db_connections"], send_s=nexo["send_s"])  # fmt: skip
+                   pg_connections=nexo["db_connections"], send_s=nexo["send_s"], ramp_s=nexo["ramp_s"],
+                   first_done_s=nexo["first_done_s"])  # fmt: skip
         if "peer" not in args.skip:
             note(f"peer: the OpenAI Agents SDK, {args.runs} Runner.run under asyncio.gather")
             other = peer(server, args.runs)

@@ -16,6 +16,7 @@ lost machine. docs/deployment.md says why threads rather than asyncio, and how t
 from __future__ import annotations
 
 import ctypes
+import heapq
 import logging
 import os
 import queue as queues
@@ -58,26 +59,32 @@ class _Watchdog:
     """One thread that raises a job's timeout exception in the thread running it, and only there
     (rq's ``UnixSignalDeathPenalty`` uses SIGALRM: one per process, the main thread's). The
     exception lands at the job's next Python instruction: a model request is bounded by its own
-    HTTP timeout."""
+    HTTP timeout. The deadlines are a heap: arming and firing cost a log of the jobs in flight."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         #: key -> (deadline (monotonic), thread ident, exception class)
         self._armed: dict[int, tuple[float, int, type[BaseException]]] = {}
+        #: (deadline, key), the earliest first; a disarmed key's entry is dropped when it surfaces
+        self._heap: list[tuple[float, int]] = []
         self._fired: set[int] = set()
         self._next = 0
         self._thread: threading.Thread | None = None
 
     def arm(self, seconds: float, exception: type[BaseException]) -> int:
+        deadline = time.monotonic() + seconds
         with self._lock:
             self._next += 1
             key = self._next
-            self._armed[key] = (time.monotonic() + seconds, threading.get_ident(), exception)
+            self._armed[key] = (deadline, threading.get_ident(), exception)
+            earliest = not self._heap or deadline < self._heap[0][0]
+            heapq.heappush(self._heap, (deadline, key))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, daemon=True, name="nexo-job-timeouts")
                 self._thread.start()
-        self._wake.set()
+        if earliest:  # the loop sleeps until the earliest deadline: only an earlier one wakes it
+            self._wake.set()
         return key
 
     def disarm(self, key: int) -> None:
@@ -92,12 +99,13 @@ class _Watchdog:
         while True:
             with self._lock:
                 now = time.monotonic()
-                for key, (deadline, ident, exception) in list(self._armed.items()):
-                    if deadline <= now:
-                        del self._armed[key]
+                while self._heap and (self._heap[0][1] not in self._armed or self._heap[0][0] <= now):
+                    _, key = heapq.heappop(self._heap)
+                    armed = self._armed.pop(key, None)
+                    if armed is not None:
                         self._fired.add(key)
-                        _async_raise(ident, exception)
-                wait = min((d for d, _, _ in self._armed.values()), default=now + 3600.0) - now
+                        _async_raise(armed[1], armed[2])
+                wait = (self._heap[0][0] if self._heap else now + 3600.0) - now
             self._wake.wait(max(wait, 0.0))
             self._wake.clear()
 
@@ -161,6 +169,10 @@ class ConcurrentWorker(SimpleWorker):
         self._in_flight: dict[str, Job] = {}
         #: whether a stop request may interrupt the main thread where it is (waiting for a job)
         self._interruptible = False
+        #: the state last sent to Redis on its own, and when (monotonic)
+        self._state_sent: tuple[str | None, float] = (None, 0.0)
+        #: when the worker last asked Redis whether workers are suspended (monotonic)
+        self._suspension_checked = float("-inf")
         super().__init__(*args, **kwargs)
         http.set_max_connections(max(50, concurrency))
         journal.release_connection_before_model()
@@ -270,7 +282,22 @@ class ConcurrentWorker(SimpleWorker):
         # Listening for the next job while runs are in flight is still busy, for rq's dashboard.
         if state == WorkerStatus.IDLE and self._in_flight:
             state = WorkerStatus.BUSY
+        # rq sets the state around every job it takes: the same state again within a second is
+        # not sent (a pipeline's, part of a job's start or end, always is).
+        sent = time.monotonic()
+        if pipeline is None and state == self._state_sent[0] and sent - self._state_sent[1] < 1.0:
+            return
         super().set_state(state, pipeline=pipeline)
+        if pipeline is None:
+            self._state_sent = (state, sent)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        # rq asks Redis (with a heartbeat) before every job it takes: taking hundreds a second,
+        # once a second is enough for `rq suspend` to be obeyed.
+        if time.monotonic() - self._suspension_checked < 1.0:
+            return
+        super().check_for_suspension(burst)
+        self._suspension_checked = time.monotonic()
 
     # --- stopping --------------------------------------------------------------------------------
 

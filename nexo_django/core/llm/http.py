@@ -61,7 +61,10 @@ class Retry:
 # --- the shared client ---------------------------------------------------------------------
 
 _lock = threading.Lock()
-_client: httpx.Client | None = None
+#: The process's clients: one, or (past :data:`SHARD_CONNECTIONS` connections) several shards.
+_clients: list[httpx.Client] = []
+_next_shard = 0
+_local = threading.local()
 # Clients inherited across fork(): kept referenced so the child never finalises (and so never
 # touches) sockets that belong to its parent's pool.
 _inherited: list[httpx.Client] = []
@@ -69,12 +72,17 @@ _inherited: list[httpx.Client] = []
 
 #: Connections the shared client opens at most (:func:`set_max_connections`).
 _max_connections = 50
+#: Connections one client holds at most: httpcore looks through every connection of its pool,
+#: under one lock, when a request starts and when it ends, so a pool of hundreds costs each
+#: request hundreds of checks (a third of the concurrent worker's CPU with 500 runs in flight).
+#: Past this, the connections are split among clients and each thread keeps to one of them.
+SHARD_CONNECTIONS = 50
 
 
 def set_max_connections(count: int) -> None:
-    """Let the shared client open up to ``count`` connections at once (50 by default). A process
-    carrying many runs at once (the concurrent worker) gives each run in flight its own, so no run
-    waits for another's model request to end. Takes effect for a client not yet made."""
+    """Let the process open up to ``count`` provider connections at once (50 by default). A
+    process carrying many runs at once (the concurrent worker) gives each run in flight its own,
+    so no run waits for another's model request to end. Takes effect for clients not yet made."""
     global _max_connections
     if count < 1:
         raise ValueError(f"max connections must be at least 1, not {count}")
@@ -83,33 +91,45 @@ def set_max_connections(count: int) -> None:
 
 
 def shared_client() -> httpx.Client:
-    """One pooled client per process, so turns and runs reuse provider connections."""
-    global _client
+    """The process's pooled client for this thread, so turns and runs reuse provider connections:
+    one client, or one of ``ceil(max connections / SHARD_CONNECTIONS)`` shards, each thread
+    keeping to the shard it was first given (round robin)."""
+    global _next_shard
+    shard = getattr(_local, "shard", None)
+    clients = _clients
+    if shard is not None and shard < len(clients):
+        return clients[shard]
     with _lock:
-        if _client is None:
-            # Past the default, every connection is kept alive: the runs in flight reuse them.
-            keepalive = 20 if _max_connections <= 50 else _max_connections
-            _client = httpx.Client(
-                headers={"user-agent": USER_AGENT},
-                limits=httpx.Limits(
-                    max_connections=_max_connections, max_keepalive_connections=keepalive, keepalive_expiry=30.0
-                ),
-            )
-        return _client
+        if not _clients:
+            _clients.extend(_make_clients())
+        _local.shard = _next_shard % len(_clients)
+        _next_shard += 1
+        return _clients[_local.shard]
+
+
+def _make_clients() -> list[httpx.Client]:
+    shards = -(-_max_connections // SHARD_CONNECTIONS)
+    each = -(-_max_connections // shards)
+    # Past the default, every connection is kept alive: the runs in flight reuse them.
+    keepalive = 20 if _max_connections <= 50 else each
+    limits = httpx.Limits(max_connections=each, max_keepalive_connections=keepalive, keepalive_expiry=30.0)
+    # One TLS context for all shards (each would load the CA certificates again).
+    verify: Any = httpx.create_ssl_context() if shards > 1 else True
+    return [httpx.Client(headers={"user-agent": USER_AGENT}, limits=limits, verify=verify) for _ in range(shards)]
 
 
 def _after_fork_in_child() -> None:
     # rq forks a work horse per job: the child must open its own connections.
-    global _client, _lock
-    if _client is not None:
-        _inherited.append(_client)
-    _client = None
+    global _lock, _local
+    _inherited.extend(_clients)
+    _clients.clear()
     _lock = threading.Lock()
+    _local = threading.local()
 
 
 def _close_at_exit() -> None:
-    if _client is not None:
-        _client.close()
+    for client in _clients:
+        client.close()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,144 @@
+"""The concurrent worker's parts, each alone (issue 26): the per-thread job timeouts (a heap of
+deadlines), the provider connections split among clients past 50, and the Redis round trips rq
+makes before every job (the suspension check and the state), which the worker sends once a
+second. Real threads and a real redis-server; no run, no model."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from rq import Queue
+from rq.suspension import resume, suspend
+
+from nexo_django.core.llm import http
+from nexo_django.durable.worker import ConcurrentWorker, _Watchdog
+
+pytestmark = [pytest.mark.redis]
+
+
+class Fired(BaseException):
+    """What a test's watchdog raises."""
+
+
+def _sleeper(watchdog: _Watchdog, seconds: float, got: dict[str, Any], name: str, disarm_after: float | None) -> None:
+    key = watchdog.arm(seconds, Fired)
+    try:
+        end = time.monotonic() + (disarm_after if disarm_after is not None else 10.0)
+        while time.monotonic() < end:  # Python instructions, so an async exception can land
+            time.sleep(0.005)
+        watchdog.disarm(key)
+        got[name] = ("disarmed", time.monotonic())
+    except Fired:
+        got[name] = ("fired", time.monotonic())
+
+
+def test_the_earliest_deadline_fires_first_in_its_own_thread_and_a_disarmed_one_never() -> None:
+    watchdog = _Watchdog()
+    got: dict[str, Any] = {}
+    threads = [
+        threading.Thread(target=_sleeper, args=(watchdog, 3.0, got, "late", None)),  # armed first
+        threading.Thread(target=_sleeper, args=(watchdog, 0.2, got, "early", None)),
+        threading.Thread(target=_sleeper, args=(watchdog, 0.3, got, "disarmed", 0.05)),
+    ]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join(15)
+    assert got["early"][0] == "fired" and got["late"][0] == "fired" and got["disarmed"][0] == "disarmed"
+    # the early one did not wait for the deadline armed before it
+    assert got["early"][1] < got["late"][1] and got["early"][1] - started < 2.0
+    time.sleep(0.4)  # past the disarmed one's deadline: nothing lands in its thread's code later
+    assert watchdog._armed == {}
+
+
+@pytest.fixture
+def fresh_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http, "_clients", [])
+    monkeypatch.setattr(http, "_local", threading.local())
+    monkeypatch.setattr(http, "_next_shard", 0)
+    monkeypatch.setattr(http, "_max_connections", 50)
+
+
+def _clients_of_threads(count: int) -> list[Any]:
+    got: list[Any] = [None] * count
+
+    def look(i: int) -> None:
+        first = http.shared_client()
+        assert http.shared_client() is first  # a thread keeps to its client
+        got[i] = first
+
+    threads = [threading.Thread(target=look, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    return got
+
+
+def _limit(client: Any) -> int:
+    return int(client._transport._pool._max_connections)
+
+
+def test_up_to_fifty_connections_every_thread_shares_one_client(fresh_clients: None) -> None:
+    clients = _clients_of_threads(20)
+    assert len({id(c) for c in clients}) == 1 and _limit(clients[0]) == 50
+
+
+def test_past_fifty_the_connections_are_split_among_clients_threads_round_robin(fresh_clients: None) -> None:
+    http.set_max_connections(500)
+    clients = _clients_of_threads(40)
+    distinct = {id(c): c for c in clients}
+    assert len(distinct) == 10 and {_limit(c) for c in distinct.values()} == {50}
+    assert sum(_limit(c) for c in distinct.values()) == 500  # the bound is the one asked for
+    # one TLS context for all of them (not ten loads of the CA certificates)
+    contexts = {id(c._transport._pool._ssl_context) for c in distinct.values()}
+    assert len(contexts) == 1
+    for client in distinct.values():
+        client.close()
+
+
+def test_rq_asks_about_suspension_and_sends_its_state_once_a_second(redis_server: Any) -> None:
+    from redis import Redis
+
+    if not redis_server.running:
+        redis_server.restart()
+    redis = Redis.from_url(redis_server.url)
+    worker = ConcurrentWorker([Queue("parts", connection=redis)], connection=redis, concurrency=4)
+    sent: list[str] = []
+    execute = redis.execute_command
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        sent.append(str(args[0]))
+        return execute(*args, **kwargs)
+
+    pipeline = redis.pipeline
+
+    def counting_pipeline(*args: Any, **kwargs: Any) -> Any:
+        sent.append("PIPELINE")
+        return pipeline(*args, **kwargs)
+
+    redis.execute_command = counting  # type: ignore[method-assign]
+    redis.pipeline = counting_pipeline  # type: ignore[method-assign]
+    for _ in range(50):  # rq's loop before each of 50 jobs taken in quick succession
+        worker.check_for_suspension(burst=False)
+        worker.set_state("idle")
+    assert sent.count("HSET") == 1  # the state, once
+    assert sent.count("PIPELINE") == 1  # the suspension check (with a heartbeat), once
+    suspend(redis)
+    try:
+        time.sleep(1.05)
+        stopper = threading.Timer(0.3, resume, args=(redis,))
+        stopper.start()
+        began = time.monotonic()
+        worker.check_for_suspension(burst=False)  # a second on: asks again, and obeys
+        assert time.monotonic() - began >= 0.25
+        stopper.join()
+    finally:
+        resume(redis)
+        redis.execute_command = execute  # type: ignore[method-assign]
+        redis.pipeline = pipeline  # type: ignore[method-assign]
