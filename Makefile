@@ -49,12 +49,14 @@ pytest: $(STAMP)
 	$(COVERAGE_REPORT)
 	$(MAKE) --no-print-directory postgres
 
-# The durable tests again on a PostgreSQL the script starts, then the statements' own tests once
+# The durable tests again on a PostgreSQL the script starts (in two processes, each with its own
+# test database, as the SQLite run), then the statements' own tests once
 # more with prepared statements (docs/deployment.md): what preparing can change is how each
 # statement is sent.
 postgres: $(STAMP)
 	@mkdir -p $(RESULTS)
-	WITH_POSTGRES_PYTHON=$(PY) scripts/with-postgres $(PY) -m pytest -m durable --junitxml=$(RESULTS)/postgres.xml $(PYTEST_ARGS)
+	WITH_POSTGRES_PYTHON=$(PY) scripts/with-postgres $(PY) -m pytest -m durable -n $(JOBS) --dist loadfile \
+	  --junitxml=$(RESULTS)/postgres.xml $(PYTEST_ARGS)
 	WITH_POSTGRES_PYTHON=$(PY) WITH_POSTGRES_URL_OPTIONS="server_side_binding=true&prepare_threshold=1" \
 	  scripts/with-postgres $(PY) -m pytest -m durable --junitxml=$(RESULTS)/postgres-prepared.xml \
 	  $(or $(PYTEST_ARGS),$(PREPARED_TESTS))

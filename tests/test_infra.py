@@ -226,7 +226,9 @@ def test_worker_settings_open_the_database_the_test_created() -> None:
 def test_suite_database_is_the_one_database_url_names() -> None:
     url = os.environ.get("DATABASE_URL")
     if url:  # the PostgreSQL pass (scripts/with-postgres)
-        expected = ("postgresql", "test_" + parse_database_url(url)["NAME"])
+        # pytest-xdist gives each of its processes a database of its own: test_<name>_gw<N>
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        expected = ("postgresql", "test_" + parse_database_url(url)["NAME"] + (f"_{worker}" if worker else ""))
         assert (connection.vendor, connection.settings_dict["NAME"]) == expected
     else:  # the SQLite pass: a file, so worker subprocesses can open it
         assert (connection.vendor, Path(connection.settings_dict["NAME"]).is_file()) == ("sqlite", True)
