@@ -56,6 +56,7 @@ class SlowServer:
         self.open = 0
         self.peak = 0
         self.served = 0
+        self.firsts: list[float] = []
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -73,6 +74,7 @@ class SlowServer:
     def reset(self) -> None:
         self.peak = self.open
         self.served = 0
+        self.firsts: list[float] = []  # when each run's first request came (monotonic)
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -101,6 +103,8 @@ class SlowServer:
                     if name.strip().lower() == "content-length":
                         length = int(value.strip())
                 body = json.loads(await reader.readexactly(length)) if length else {}
+                if ((body.get("messages") or [{}])[-1]).get("role") != "tool":
+                    self.firsts.append(time.monotonic())
                 self.open += 1
                 self.peak = max(self.peak, self.open)
                 try:
@@ -245,19 +249,11 @@ def check_done(ids: list[Any]) -> None:
         raise RuntimeError(f"runs did not end done: {bad}")
 
 
-def ramp(ids: list[Any]) -> tuple[float, float]:
-    """Seconds from the first run's first model request to the last run's first one (how long the
-    worker took to start them all), and to the first run done: while the ramp is longer than a
-    run, the first runs end before the last start, and fewer than all are in flight at once."""
-    from django.db.models import Min
-
-    from nexo_django.models import RunEvent
-
-    events = RunEvent.objects.filter(run_id__in=ids)
-    firsts = sorted(events.filter(type="model_request").values("run_id").annotate(t=Min("created_at"))
-                    .values_list("t", flat=True))  # fmt: skip
-    done = events.filter(type="done").aggregate(t=Min("created_at"))["t"]
-    return (firsts[-1] - firsts[0]).total_seconds(), (done - firsts[0]).total_seconds()
+def ramp(server: SlowServer) -> float:
+    """Seconds from the first run's first model request to the last run's, as the server saw
+    them: how long the side took to start them all. While the ramp is longer than a run lasts,
+    the first runs end before the last start, and fewer than all are in flight at once."""
+    return server.firsts[-1] - server.firsts[0] if server.firsts else 0.0
 
 
 def measure_nexo(server: SlowServer, workers: Any, count: int, warmup: int) -> dict[str, float]:
@@ -280,8 +276,7 @@ def measure_nexo(server: SlowServer, workers: Any, count: int, warmup: int) -> d
         wait_for(lambda: all_done(ids), f"{count} runs")
         elapsed = time.perf_counter() - start
     check_done(ids)
-    ramp_s, first_done_s = ramp(ids)
-    return {"ramp_s": ramp_s, "first_done_s": first_done_s, "in_flight": server.peak, "pss": sampler.peak_pss, "runs_per_s": count / elapsed,
+    return {"ramp_s": ramp(server), "in_flight": server.peak, "pss": sampler.peak_pss, "runs_per_s": count / elapsed,
             "seconds": elapsed, "send_s": sent, "db_connections": sampler.peaks[0], "running": sampler.peaks[1],
             "cpu_ms_per_run": sampler.cpu * 1e3 / count}  # fmt: skip
 
@@ -366,11 +361,13 @@ def peer(server: SlowServer, count: int) -> dict[str, float]:
             line = proc.stdout.readline()
             elapsed = time.perf_counter() - start
         inner = float(json.loads(line)["seconds"])
+        ramp_s = ramp(server)
     finally:
         proc.stdin.close()
         proc.wait(30)
     return {"in_flight": server.peak, "pss": sampler.peak_pss, "runs_per_s": count / elapsed,
-            "seconds": elapsed, "gather_s": inner, "cpu_ms_per_run": sampler.cpu * 1e3 / count}  # fmt: skip
+            "seconds": elapsed, "gather_s": inner, "cpu_ms_per_run": sampler.cpu * 1e3 / count,
+            "ramp_s": ramp_s}  # fmt: skip
 
 
 # --- main ---------------------------------------------------------------------------------------------------
@@ -410,12 +407,11 @@ def main() -> None:
         note(f"nexo: one concurrent worker, {args.runs} runs, pool of {args.pool}")
         nexo = nexo_concurrent(server, redis_server.url, args.runs, args.pool)
         print_side("nexo_concurrent_worker", nexo, 1, runs_running_peak=nexo["running"], pool=args.pool,
-                   pg_connections=nexo["db_connections"], send_s=nexo["send_s"], ramp_s=nexo["ramp_s"],
-                   first_done_s=nexo["first_done_s"])  # fmt: skip
+                   pg_connections=nexo["db_connections"], send_s=nexo["send_s"], ramp_s=nexo["ramp_s"])  # fmt: skip
         if "peer" not in args.skip:
             note(f"peer: the OpenAI Agents SDK, {args.runs} Runner.run under asyncio.gather")
             other = peer(server, args.runs)
-            print_side("openai_agents_gather", other, 1, gather_s=other["gather_s"])
+            print_side("openai_agents_gather", other, 1, gather_s=other["gather_s"], ramp_s=other["ramp_s"])
             figure("concurrency_vs_peer", runs=args.runs, runs_per_s_ratio=nexo["runs_per_s"] / other["runs_per_s"],
                    per_gib_ratio=(nexo["in_flight"] / nexo["pss"]) / (other["in_flight"] / other["pss"]))  # fmt: skip
         if "simple" not in args.skip:

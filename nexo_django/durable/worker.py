@@ -201,7 +201,12 @@ class ConcurrentWorker(SimpleWorker):
             if self._stop_requested:
                 result = None
             else:
+                waited = time.monotonic()
                 result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+                if time.monotonic() - waited > 0.05:
+                    # It waited for this job: ask about a suspension before the next, as rq does
+                    # (an `rq suspend` sent while it waited stops it after this one job).
+                    self._suspension_checked = float("-inf")
         except BaseException:
             self._slots.release()
             raise
@@ -292,8 +297,9 @@ class ConcurrentWorker(SimpleWorker):
             self._state_sent = (state, sent)
 
     def check_for_suspension(self, burst: bool) -> None:
-        # rq asks Redis (with a heartbeat) before every job it takes: taking hundreds a second,
-        # once a second is enough for `rq suspend` to be obeyed.
+        # rq asks Redis (with a heartbeat) before every job it takes: taking hundreds a second
+        # back to back, once a second is enough for `rq suspend` to be obeyed (after a job it
+        # waited for, it asks at once).
         if time.monotonic() - self._suspension_checked < 1.0:
             return
         super().check_for_suspension(burst)

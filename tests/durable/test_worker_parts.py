@@ -142,3 +142,27 @@ def test_rq_asks_about_suspension_and_sends_its_state_once_a_second(redis_server
         resume(redis)
         redis.execute_command = execute  # type: ignore[method-assign]
         redis.pipeline = pipeline  # type: ignore[method-assign]
+
+
+def test_after_waiting_for_a_job_the_worker_asks_about_a_suspension_at_once(redis_server: Any) -> None:
+    """An `rq suspend` sent while the worker waited on an empty queue stops it after the one job
+    it was waiting for, as with rq's own workers (the once-a-second rule is for jobs taken back
+    to back)."""
+    from redis import Redis
+
+    if not redis_server.running:
+        redis_server.restart()
+    redis = Redis.from_url(redis_server.url)
+    queue = Queue("parts-wait", connection=redis)
+    queue.empty()
+    worker = ConcurrentWorker([queue], connection=redis, concurrency=4)
+    worker.check_for_suspension(burst=False)
+    assert worker._suspension_checked > 0  # asked just now: the next job would not ask again
+    threading.Timer(0.3, queue.enqueue_call, kwargs={"func": "builtins.print"}).start()
+    job, _ = worker.dequeue_job_and_maintain_ttl(timeout=5)  # waits for the job
+    assert job is not None and worker._suspension_checked == float("-inf")
+    queue.enqueue_call(func="builtins.print")
+    worker.check_for_suspension(burst=False)
+    job, _ = worker.dequeue_job_and_maintain_ttl(timeout=5)  # there at once: no wait
+    assert job is not None and worker._suspension_checked > 0
+    queue.empty()
