@@ -448,8 +448,6 @@ class ApprovalRule(models.Model):
         indexes = [models.Index(fields=["enabled", "tool"], name="nexo_rule_enabled_tool")]
 
     def __str__(self) -> str:
-        from .display import mark_hidden
-
         where = f" {self.path}" if self.path else ""
         return mark_hidden(f"{self.verdict} {self.tool}{where} for {self.agent.rsplit('.', 1)[-1] or 'any agent'}")
 
