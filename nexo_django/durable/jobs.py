@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from django.db import close_old_connections
+import signal
+import threading
+from typing import Any
 
-from .journal import crash_point
+from django.db import close_old_connections
+from rq.timeouts import UnixSignalDeathPenalty
+
+from .journal import JobTimeout, crash_point
 from .runs import execute_run
 
 
 def continue_run(run_id: str) -> str:
     crash_point("job_started")
+    _timeout_fails_the_run()
     # A job is to a worker what a request is to a web server: a SimpleWorker runs every job in
     # one process, and a connection broken by a database restart would fail all later jobs.
     close_old_connections()
@@ -17,3 +23,23 @@ def continue_run(run_id: str) -> str:
         return execute_run(run_id)
     finally:
         close_old_connections()
+
+
+def _timeout_fails_the_run() -> None:
+    """Under rq's own workers (``rqworker``: ``Worker``, ``SimpleWorker``) a job's timeout is
+    SIGALRM raising rq's ``JobTimeoutException``, an ``Exception``: landing in a tool, the tool's
+    error handling made it the call's result, and the run went on past its timeout and finished
+    as if nothing had happened. The handler rq set for this job is replaced by one raising a
+    :class:`JobTimeout` (a ``RunInterrupted``, which nothing swallows) at the same moment: the
+    run fails with it, and rq files the job as failed. rq takes its handler away after the job."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # the concurrent worker's threads have their own (ThreadDeathPenalty)
+    penalty = getattr(signal.getsignal(signal.SIGALRM), "__self__", None)
+    if not isinstance(penalty, UnixSignalDeathPenalty):
+        return
+    message = f"the job exceeded its timeout ({penalty._timeout} seconds)"
+
+    def timed_out(signum: int, frame: Any) -> None:
+        raise JobTimeout(message)
+
+    signal.signal(signal.SIGALRM, timed_out)

@@ -160,9 +160,13 @@ class WorkerStopping(Exception):
 
 class RunInterrupted(BaseException):
     """Raised into a run's thread from outside it: its job's timeout (the concurrent worker's
-    ``ThreadDeathPenalty``). A ``BaseException``, as ``KeyboardInterrupt`` is, so that no tool's
-    error handling (which turns an ``Exception`` into the call's result) swallows it: the run
-    fails with it, and its job fails in rq."""
+    ``ThreadDeathPenalty``, rq's own alarm under ``rqworker``). A ``BaseException``, as
+    ``KeyboardInterrupt`` is, so that no tool's error handling (which turns an ``Exception`` into
+    the call's result) swallows it: the run fails with it, and its job fails in rq."""
+
+
+class JobTimeout(RunInterrupted):
+    """A job ran past its rq timeout (``NEXO["JOB_TIMEOUT"]`` for a run's job)."""
 
 
 #: Set by a worker that is shutting down: each run it carries stops at its next commit.

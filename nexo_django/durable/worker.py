@@ -118,8 +118,7 @@ def _async_raise(ident: int, exception: type[BaseException] | None) -> None:
 _watchdog = _Watchdog()
 
 
-class JobTimeout(journal.RunInterrupted):
-    """A job ran past its rq timeout (``NEXO["JOB_TIMEOUT"]`` for a run's job)."""
+JobTimeout = journal.JobTimeout
 
 
 class ThreadDeathPenalty(BaseDeathPenalty):
