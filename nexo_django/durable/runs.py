@@ -700,6 +700,10 @@ def retry_failed(run: AgentRun) -> bool:
 
 def resolve_unknown(call: ToolCall, *, by: Any = None, rerun: bool, note: str = "") -> None:
     with transaction.atomic():
+        # The run's row first, as every writer of a run's events and calls takes it (the order
+        # that keeps PostgreSQL from deadlocking, and the event ids in commit order for the
+        # stream: durable.live).
+        AgentRun.objects.select_for_update(no_key=True).filter(pk=call.run_id).values_list("pk", flat=True).first()
         if rerun:
             updated = ToolCall.objects.filter(pk=call.pk, status=CallStatus.OUTCOME_UNKNOWN).update(
                 status=CallStatus.APPROVED, updated_at=timezone.now()

@@ -228,3 +228,37 @@ def test_a_round_looks_only_at_suspended_runs_with_a_recent_change(counter: Path
 def test_reconcile_command_full(capsys: pytest.CaptureFixture[str]) -> None:
     call_command("nexo_reconcile", "--full")
     assert "requeued=0" in capsys.readouterr().out
+
+
+@pytest.mark.postgresql_only
+def test_settling_an_unknown_outcome_takes_the_runs_row_lock_first(counter: Path) -> None:
+    """Every writer of a run's events holds the run's row lock until it commits (the live
+    stream's event ids are in commit order because of it): settling an unknown outcome waits
+    for another holder of the run's row, as a decision does."""
+    import threading
+
+    from django.db import connection, connections
+
+    run = Bumper.run("bump")
+    call = die_while_executing(run)
+    reconcile()
+    done = threading.Event()
+
+    def settle() -> None:
+        try:
+            ToolCall.objects.get(pk=call.pk).resolve_unknown(rerun=False, note="it did run")
+            done.set()
+        finally:
+            connections.close_all()
+
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        cursor.execute("SELECT id FROM nexo_django_agentrun WHERE id = %s FOR NO KEY UPDATE", [run.pk])  # as a worker holds it
+        worker = threading.Thread(target=settle)
+        worker.start()
+        assert not done.wait(0.5)  # it waits for the run's row
+        cursor.execute("COMMIT")
+    worker.join(10)
+    assert done.is_set()
+    call.refresh_from_db()
+    assert call.status == CallStatus.FAILED
