@@ -25,8 +25,7 @@ A reader that missed some gets the finished message from the transcript, as ever
 Per run, event ids are in commit order: every writer of a run's events holds the run's row lock
 from before it inserts them until it commits (the journal's fenced batch, a decision's
 ``lock_first``, a cancel's compare-and-set, a person settling an unknown outcome), so a reader
-after id N never misses a later commit
-with a smaller id.
+after id N never misses a later commit with a smaller id.
 """
 
 from __future__ import annotations
