@@ -1,6 +1,7 @@
 """A durable run whose provider streams (issue 25, point 3): the transcript stores the finished
 message only, exactly as for a reply that was not streamed; the text travels to the readers as
-it is written (PostgreSQL: ``NOTIFY nexo_deltas``) and is never stored; a stream cut off midway
+it is written (here PostgreSQL's ``NOTIFY nexo_deltas``; Redis and the process's own streams in
+tests/test_live_text.py) and is never stored; a stream cut off midway
 is a failed model turn like any other: retried, never half-stored. Real HTTP to a loopback
 server speaking the OpenAI wire format."""
 
@@ -81,21 +82,19 @@ def test_a_stream_cut_off_every_time_fails_the_run_with_nothing_of_it_stored(ser
     assert list(RunMessage.objects.filter(run=run).values_list("role", flat=True)) == ["user"]
 
 
+@pytest.mark.postgresql_only
 def test_the_text_travels_to_the_readers_as_it_is_written(server: WireServer) -> None:
-    """On PostgreSQL the worker NOTIFYs the pieces (one listener here reads them); elsewhere the
-    readers get the finished message only, and nothing is sent."""
+    """On PostgreSQL the worker NOTIFYs the pieces (one listener here reads them). The other
+    channels (Redis, the process's own streams) are tests/test_live_text.py's."""
     server.play(Answer(events=openai_stream(ANSWER)))
-    listener = _listen() if connection.vendor == "postgresql" else None
+    assert live.delta_channel() == "postgresql"
+    listener = _listen()
     try:
         run = Geographer.run("Capital of France?", model=_model(server))
         assert run.status == RunStatus.DONE
-        if listener is None:
-            assert not live.uses_notify()
-            return
         deltas = [json.loads(n.payload) for n in listener.notifies(timeout=2.0)]
     finally:
-        if listener is not None:
-            listener.close()
+        listener.close()
     assert deltas and {d["run"] for d in deltas} == {str(run.pk)}
     assert "".join(d["text"] for d in deltas) == "".join(ANSWER)
     assert {(d["turn"], d["attempt"]) for d in deltas} == {(1, 0)}
