@@ -122,7 +122,9 @@ def _listening() -> bool:
     if connection.vendor != "postgresql":
         return False
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN nexo_%%'")
+        # this test's database only: the suite's other process has its own on the same server
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN nexo_%%' "
+                       "AND datname = current_database()")
         return bool(cursor.fetchone()[0])
 
 
@@ -183,7 +185,8 @@ def test_a_dropped_listen_connection_comes_back_and_no_event_is_lost_scripted(
     assert _listening()
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                       "WHERE query LIKE 'LISTEN nexo_%%' AND pid <> pg_backend_pid()")
+                       "WHERE query LIKE 'LISTEN nexo_%%' AND pid <> pg_backend_pid() "
+                       "AND datname = current_database()")
         assert cursor.rowcount >= 1
     run.pending_calls().get().approve()  # at once: the listener is not back yet
     stream.saw("suspended", 2)  # woken when the listener came back and every stream read again
