@@ -152,6 +152,24 @@ def job_status(run_id: Any, generation: int) -> str | None:
 PROBE_TIMEOUT = 2.0
 
 
+def redis_with_timeout(seconds: float, name: str | None = None, *, retries: bool = True) -> Any:
+    """A client of queue ``name``'s Redis (the run queue's by default: the address and options
+    of django-rq's connection) on a pool of its own, whose connects and reads wait at most
+    ``seconds``; with ``retries`` false each command is tried once. The caller disconnects it
+    (``client.connection_pool.disconnect()``) when it is done with it."""
+    import django_rq
+    from redis import ConnectionPool, Redis
+
+    pool = django_rq.get_connection(name or queue_name()).connection_pool
+    options = {**pool.connection_kwargs, "socket_connect_timeout": seconds, "socket_timeout": seconds}
+    if not retries:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        options["retry"] = Retry(NoBackoff(), 0)
+    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **options))
+
+
 def workers_listening(name: str | None = None) -> list[str] | None:
     """Names of the live rq workers that listen on queue ``name`` (the run queue by default);
     None for an inline queue, which needs no worker. Raises ``ConnectionError`` (the built-in)
@@ -159,15 +177,11 @@ def workers_listening(name: str | None = None) -> list[str] | None:
     name = name or queue_name()
     if is_inline(name):
         return None
-    import django_rq
-    from redis import ConnectionPool, Redis, RedisError
+    from redis import RedisError
     from rq import Queue, Worker
 
-    pool = django_rq.get_connection(name).connection_pool
-    options = {**pool.connection_kwargs, "socket_connect_timeout": PROBE_TIMEOUT, "socket_timeout": PROBE_TIMEOUT}
-    probe_pool = ConnectionPool(connection_class=pool.connection_class, **options)
+    redis = redis_with_timeout(PROBE_TIMEOUT, name)
     try:
-        redis = Redis(connection_pool=probe_pool)
         # Worker.all drops registrations whose worker key expired (a worker killed without cleanup).
         names = sorted(w.name for w in Worker.all(queue=Queue(name, connection=redis)))
         if not names:
@@ -175,7 +189,7 @@ def workers_listening(name: str | None = None) -> list[str] | None:
     except RedisError as exc:
         raise ConnectionError(f"Redis of queue {name!r} cannot be reached: {exc}") from exc
     finally:
-        probe_pool.disconnect()
+        redis.connection_pool.disconnect()
     return names
 
 

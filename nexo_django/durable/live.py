@@ -106,11 +106,13 @@ def publish_delta(run_id: Any, turn: int, attempt: int, text: str) -> None:
 
 class _RedisPublisher:
     """The worker's side of the Redis channel: its own connection to the queue's Redis, with a
-    short timeout, silent for a while after a failure."""
+    short timeout and no retry, silent for a while after a failure."""
 
     def __init__(self) -> None:
         self.client: Any = None
-        self.key: Any = None
+        #: the run queue the client was made for (``dispatch.get_queue`` makes a new one when the
+        #: settings change)
+        self.queue: Any = None
         self.paused_until = 0.0
         self.lock = threading.Lock()
 
@@ -128,17 +130,12 @@ class _RedisPublisher:
 
     def _client(self) -> Any:
         """The client of the run queue's Redis; a new one (and no pause) when that changed."""
-        from redis import ConnectionPool, Redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        pool = dispatch.get_queue().connection.connection_pool
-        key = (pool.connection_class, repr(sorted(pool.connection_kwargs.items())))
-        if self.client is None or self.key != key:
-            options = {**pool.connection_kwargs, "socket_connect_timeout": REDIS_TIMEOUT,
-                       "socket_timeout": REDIS_TIMEOUT, "retry": Retry(NoBackoff(), 0)}
-            self.client = Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **options))
-            self.key, self.paused_until = key, 0.0
+        queue = dispatch.get_queue()
+        if self.client is None or self.queue is not queue:
+            if self.client is not None:
+                self.client.connection_pool.disconnect()
+            self.client = dispatch.redis_with_timeout(REDIS_TIMEOUT, retries=False)
+            self.queue, self.paused_until = queue, 0.0
         return self.client
 
 
