@@ -703,7 +703,7 @@ def resolve_unknown(call: ToolCall, *, by: Any = None, rerun: bool, note: str = 
         # The run's row first, as every writer of a run's events and calls takes it (the order
         # that keeps PostgreSQL from deadlocking, and the event ids in commit order for the
         # stream: durable.live).
-        AgentRun.objects.select_for_update(no_key=True).filter(pk=call.run_id).values_list("pk", flat=True).first()
+        sql.lock(AgentRun, call.run_id)
         if rerun:
             updated = ToolCall.objects.filter(pk=call.pk, status=CallStatus.OUTCOME_UNKNOWN).update(
                 status=CallStatus.APPROVED, updated_at=timezone.now()

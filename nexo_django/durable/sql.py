@@ -613,9 +613,8 @@ class Batch:
         with atomic(conn, self.alias, wait=not no_wait), conn.cursor() as cursor:
             conn._nexo_cursor = cursor  # type: ignore[attr-defined]
             try:
-                if self._lock is not None and conn.features.has_select_for_update:
-                    model, pk = self._lock
-                    _execute(conn, _lock_sql(conn, model), [_pk(model).get_db_prep_value(pk, conn)], fetch=True)
+                if self._lock is not None:
+                    lock(*self._lock, alias=self.alias)
                 for i, step in enumerate(self._steps):
                     self.counts.append(self._run_step(i, step))
                     if i == 0 and not self.counts[0]:
@@ -727,6 +726,15 @@ def _cast_type(conn: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
     when inserted directly (an explicit cast to ``varchar(n)`` would cut it silently)."""
     db_type = str(field.db_type(conn))
     return db_type.split("(", 1)[0] if db_type.startswith("varchar(") else db_type
+
+
+def lock(model: type[Model], pk: Any, *, alias: str | None = None) -> None:
+    """Lock that row until the transaction ends, as :meth:`Batch.lock_first` does (``SELECT ...
+    FOR NO KEY UPDATE`` where the database has row locks; nothing elsewhere, as in the ORM).
+    ``alias`` defaults to the router's database for writing the model."""
+    conn = _db(model, write=True)[1] if alias is None else connections[alias]
+    if conn.features.has_select_for_update:
+        _execute(conn, _lock_sql(conn, model), [_pk(model).get_db_prep_value(pk, conn)], fetch=True)
 
 
 def _lock_sql(conn: BaseDatabaseWrapper, model: type[Model]) -> str:
