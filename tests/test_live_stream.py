@@ -5,8 +5,6 @@ Scripted agent, inline queue: this process drives the run, as a worker would."""
 
 from __future__ import annotations
 
-import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +16,10 @@ from django.test import Client
 from nexo_django import Agent
 from nexo_django.models import RunEvent, RunStatus
 from nexo_django.testing import ScriptedModel, reply, tool_call
+from tests.browsing import session_cookie
+from tests.event_stream import WAIT, Stream
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
-
-WAIT = 20.0
 
 
 class TwoWrites(Agent):
@@ -36,85 +34,8 @@ class TwoWrites(Agent):
     permissions = "approve"
 
 
-class Stream(threading.Thread):
-    """Reads ``url`` as an event stream in a thread: the events (id, type) it got, until
-    ``event: end`` or until ``drop_after`` events (then it closes the connection, as a dropped
-    network would). ``saw(type)`` waits until an event of that type came."""
-
-    def __init__(self, url: str, session: str, *, last_id: int | None = None, drop_after: int | None = None) -> None:
-        super().__init__(daemon=True)
-        self.url, self.session, self.last_id, self.drop_after = url, session, last_id, drop_after
-        self.events: list[tuple[int, str]] = []
-        #: the model's text as it came (event: delta), with how many events came before each piece
-        self.deltas: list[tuple[int, str]] = []
-        self.status: int | None = None
-        self.ended = False
-        #: the stream's first line (the retry hint) came: it is subscribed to the run
-        self.opened = False
-        self.error: BaseException | None = None
-        self._changed = threading.Condition()
-
-    def run(self) -> None:
-        headers = {"Accept": "text/event-stream"}
-        if self.last_id is not None:
-            headers["Last-Event-ID"] = str(self.last_id)
-        try:
-            with httpx.Client(cookies={"sessionid": self.session}, timeout=httpx.Timeout(WAIT)) as client, \
-                    client.stream("GET", self.url, headers=headers) as response:
-                self.status = response.status_code
-                fields: dict[str, str] = {}
-                for line in response.iter_lines():
-                    if line:
-                        name, _, value = line.partition(":")
-                        fields[name] = value.removeprefix(" ")
-                        continue
-                    if self._dispatch(fields):
-                        return
-                    fields = {}
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-        finally:
-            with self._changed:
-                self._changed.notify_all()
-
-    def _dispatch(self, fields: dict[str, str]) -> bool:
-        """Record one event; True to stop reading."""
-        if fields.get("event") == "end":
-            self.ended = True
-            return True
-        if "retry" in fields:
-            with self._changed:
-                self.opened = True
-                self._changed.notify_all()
-            return False
-        if fields.get("event") == "delta":  # the model's text: no id, not stored
-            with self._changed:
-                self.deltas.append((len(self.events), json.loads(fields["data"])["text"]))
-                self._changed.notify_all()
-            return False
-        if "id" not in fields:
-            return False  # a comment or the retry hint
-        data = json.loads(fields["data"])
-        assert data["id"] == int(fields["id"]) and data["type"] == fields["event"]
-        with self._changed:
-            self.events.append((int(fields["id"]), fields["event"]))
-            self._changed.notify_all()
-        return self.drop_after is not None and len(self.events) >= self.drop_after
-
-    def saw(self, type: str, count: int = 1) -> None:
-        with self._changed:
-            ok = self._changed.wait_for(
-                lambda: sum(t == type for _, t in self.events) >= count or not self.is_alive(), WAIT
-            )
-        assert ok and sum(t == type for _, t in self.events) >= count, (self.events, self.error)
-
-    def wait_open(self) -> None:
-        with self._changed:
-            ok = self._changed.wait_for(lambda: self.opened or not self.is_alive(), WAIT)
-        assert ok and self.opened, (self.status, self.error)
-
-    def last(self) -> int:
-        return self.events[-1][0]
+#: This test's own LISTEN connections: the suite's other process has its own, on the same server.
+OWN_LISTENERS = "query LIKE 'LISTEN nexo_%%' AND datname = current_database()"
 
 
 def _listening() -> bool:
@@ -122,16 +43,8 @@ def _listening() -> bool:
     if connection.vendor != "postgresql":
         return False
     with connection.cursor() as cursor:
-        # this test's database only: the suite's other process has its own on the same server
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN nexo_%%' "
-                       "AND datname = current_database()")
+        cursor.execute(f"SELECT count(*) FROM pg_stat_activity WHERE {OWN_LISTENERS}")
         return bool(cursor.fetchone()[0])
-
-
-def _session(user: Any) -> str:
-    client = Client()
-    client.force_login(user)
-    return client.cookies["sessionid"].value
 
 
 def test_the_stream_resumes_after_two_drops_with_no_event_lost_or_repeated_scripted(
@@ -140,7 +53,7 @@ def test_the_stream_resumes_after_two_drops_with_no_event_lost_or_repeated_scrip
     ann = django_user_model.objects.create_user("ann")
     run = TwoWrites.run("write both", cwd=tmp_path, user=ann)
     assert run.status == RunStatus.SUSPENDED
-    url, session = f"{asgi_server.url}/runs/{run.pk}/stream/", _session(ann)
+    url, session = f"{asgi_server.url}/runs/{run.pk}/stream/", session_cookie(ann)
     page = httpx.get(f"{asgi_server.url}/runs/{run.pk}/", cookies={"sessionid": session}, timeout=WAIT).text
     assert 'id="run-stream"' in page and 'id="run-poll"' not in page  # under ASGI the page follows the stream
 
@@ -179,14 +92,13 @@ def test_a_dropped_listen_connection_comes_back_and_no_event_is_lost_scripted(
     NOTIFY reaches nobody): the stream still gets every event, once, in order."""
     ann = django_user_model.objects.create_user("ann")
     run = TwoWrites.run("write both", cwd=tmp_path, user=ann)
-    stream = Stream(f"{asgi_server.url}/runs/{run.pk}/stream/", _session(ann))
+    stream = Stream(f"{asgi_server.url}/runs/{run.pk}/stream/", session_cookie(ann))
     stream.start()
     stream.saw("suspended")
     assert _listening()
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                       "WHERE query LIKE 'LISTEN nexo_%%' AND pid <> pg_backend_pid() "
-                       "AND datname = current_database()")
+                       f"WHERE {OWN_LISTENERS} AND pid <> pg_backend_pid()")
         assert cursor.rowcount >= 1
     run.pending_calls().get().approve()  # at once: the listener is not back yet
     stream.saw("suspended", 2)  # woken when the listener came back and every stream read again
@@ -201,10 +113,10 @@ def test_the_stream_is_only_for_who_may_see_the_run(asgi_server: Any, tmp_path: 
     ann = django_user_model.objects.create_user("ann")
     bob = django_user_model.objects.create_user("bob")
     run = TwoWrites.run("write both", cwd=tmp_path, user=ann)
-    response = httpx.get(f"{asgi_server.url}/runs/{run.pk}/stream/", cookies={"sessionid": _session(bob)}, timeout=WAIT)
+    response = httpx.get(f"{asgi_server.url}/runs/{run.pk}/stream/", cookies={"sessionid": session_cookie(bob)}, timeout=WAIT)
     assert response.status_code == 404
     response = httpx.get(f"{asgi_server.url}/runs/{run.pk}/stream/", headers={"Last-Event-ID": "x"},
-                         cookies={"sessionid": _session(ann)}, timeout=WAIT)
+                         cookies={"sessionid": session_cookie(ann)}, timeout=WAIT)
     assert response.status_code == 400 and "Last-Event-ID" in response.json()["error"]
 
 

@@ -17,8 +17,9 @@ from django.db import connection, transaction
 
 from nexo_django.durable import live
 from nexo_django.models import RunEvent, RunStatus
+from tests.browsing import session_cookie
 from tests.durable_agents import TOLD, Teller
-from tests.test_live_stream import WAIT, Stream, _session
+from tests.event_stream import WAIT, Stream
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -35,7 +36,7 @@ def test_a_worker_in_another_process_sends_the_text_through_redis_scripted(
     assert live.delta_channel() == ("postgresql" if connection.vendor == "postgresql" else "redis")
     ann = django_user_model.objects.create_user("ann")
     run = Teller.run_later("Tell me a story.", user=ann)  # queued: no worker listens yet
-    stream = Stream(f"{asgi_server.url}/runs/{run.pk}/stream/", _session(ann))
+    stream = Stream(f"{asgi_server.url}/runs/{run.pk}/stream/", session_cookie(ann))
     stream.start()
     stream.wait_open()  # the page's process listens (its Redis subscription is live)
 

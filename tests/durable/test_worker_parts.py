@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -102,12 +103,19 @@ def test_past_fifty_the_connections_are_split_among_clients_threads_round_robin(
         client.close()
 
 
-def test_rq_asks_about_suspension_and_sends_its_state_once_a_second(redis_server: Any) -> None:
+@pytest.fixture
+def redis(redis_server: Any) -> Iterator[Any]:
+    """A client of the suite's redis-server (started again if a test stopped it)."""
     from redis import Redis
 
     if not redis_server.running:
         redis_server.restart()
-    redis = Redis.from_url(redis_server.url)
+    client = Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+def test_rq_asks_about_suspension_and_sends_its_state_once_a_second(redis: Any) -> None:
     worker = ConcurrentWorker([Queue("parts", connection=redis)], connection=redis, concurrency=4)
     sent: list[str] = []
     execute = redis.execute_command
@@ -144,15 +152,10 @@ def test_rq_asks_about_suspension_and_sends_its_state_once_a_second(redis_server
         redis.pipeline = pipeline  # type: ignore[method-assign]
 
 
-def test_after_waiting_for_a_job_the_worker_asks_about_a_suspension_at_once(redis_server: Any) -> None:
+def test_after_waiting_for_a_job_the_worker_asks_about_a_suspension_at_once(redis: Any) -> None:
     """An `rq suspend` sent while the worker waited on an empty queue stops it after the one job
     it was waiting for, as with rq's own workers (the once-a-second rule is for jobs taken back
     to back)."""
-    from redis import Redis
-
-    if not redis_server.running:
-        redis_server.restart()
-    redis = Redis.from_url(redis_server.url)
     queue = Queue("parts-wait", connection=redis)
     queue.empty()
     worker = ConcurrentWorker([queue], connection=redis, concurrency=4)
