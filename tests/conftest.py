@@ -42,9 +42,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
         return
-    kept = [item for item in items if item.get_closest_marker("postgresql_only") is None]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    kept, left_out = [], []
+    for item in items:
+        (left_out if item.get_closest_marker("postgresql_only") else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
         items[:] = kept
 
 
