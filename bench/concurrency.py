@@ -16,7 +16,7 @@ on this machine:
 Printed: runs in flight at once (the server's peak of open requests; for nexo also the peak of
 runs ``running`` in the database: claimed and not closed, waiting on the model or a CPU), the worker processes' peak
 PSS (``/proc/PID/smaps_rollup``, sampled every 0.1 s), runs in flight per GiB of it, runs/s from
-the start (the gather; the workers' resumption) to the last run done, and, for nexo, PostgreSQL connections (peak in
+the first run's first model request (as the server saw it, on both sides) to the last run done, and, for nexo, PostgreSQL connections (peak in
 ``pg_stat_activity``) beside the pool's size. Each side first runs a few untimed warm-up runs.
 
     python -m bench.concurrency [--runs 500] [--pool 10] [--delay 1.0] [--simple-workers 8] [--simple-runs 48]
@@ -249,6 +249,13 @@ def check_done(ids: list[Any]) -> None:
         raise RuntimeError(f"runs did not end done: {bad}")
 
 
+def suspended(redis: Any, processes: int) -> bool:
+    """Whether ``processes`` workers say they are suspended (rq's state, set in its suspension loop)."""
+    from rq.worker import Worker, WorkerStatus
+
+    return sum(w.get_state() == WorkerStatus.SUSPENDED for w in Worker.all(connection=redis)) >= processes
+
+
 def ramp(server: SlowServer) -> float:
     """Seconds from the first run's first model request to the last run's, as the server saw
     them: how long the side took to start them all. While the ramp is longer than a run lasts,
@@ -263,18 +270,24 @@ def measure_nexo(server: SlowServer, workers: Any, count: int, warmup: int) -> d
     warm = [r.pk for r in send_runs(warmup)]
     wait_for(lambda: all_done(warm), "the warm-up runs")
     # The runs are all sent while the workers are suspended (rq's own `rq suspend`), then the
-    # workers resume: like the peer's gather, the timed part starts with every run ready.
+    # workers resume: like the peer's gather, the timed part starts with every run ready. A worker
+    # waiting for a job when `rq suspend` comes notices it only after its next job: one more
+    # warm-up run each first, so that none takes a timed run and then sleeps in rq's suspension
+    # loop (it looks again once a second) with that run held.
     redis = django_rq.get_connection("default")
     suspend(redis)
+    last = [r.pk for r in send_runs(len(workers.pids))]
+    wait_for(lambda: all_done(last) and suspended(redis, len(workers.pids)), "the workers to be suspended")
     start = time.perf_counter()
     ids = [r.pk for r in send_runs(count)]
     sent = time.perf_counter() - start
     server.reset()
     with Sampler(lambda: workers.pids, db_connections, running_runs) as sampler:
-        start = time.perf_counter()
         resume(redis)
         wait_for(lambda: all_done(ids), f"{count} runs")
-        elapsed = time.perf_counter() - start
+        # Timed from the first run's first model request (rq's suspension loop notices the
+        # resumption within a second: that wait is the benchmark's, not the worker's), as the peer.
+        elapsed = time.monotonic() - server.firsts[0]
     check_done(ids)
     return {"ramp_s": ramp(server), "in_flight": server.peak, "pss": sampler.peak_pss, "runs_per_s": count / elapsed,
             "seconds": elapsed, "send_s": sent, "db_connections": sampler.peaks[0], "running": sampler.peaks[1],
@@ -355,11 +368,10 @@ def peer(server: SlowServer, count: int) -> dict[str, float]:
             raise RuntimeError("the peer did not start")
         server.reset()
         with Sampler(lambda: [proc.pid]) as sampler:
-            start = time.perf_counter()
             proc.stdin.write("go\n")
             proc.stdin.flush()
             line = proc.stdout.readline()
-            elapsed = time.perf_counter() - start
+            elapsed = time.monotonic() - server.firsts[0]  # as nexo's: from the first model request
         inner = float(json.loads(line)["seconds"])
         ramp_s = ramp(server)
     finally:

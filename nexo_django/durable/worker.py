@@ -15,6 +15,7 @@ lost machine. docs/deployment.md says why threads rather than asyncio, and how t
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import heapq
 import logging
@@ -26,9 +27,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
+from redis import BlockingConnectionPool, ConnectionPool
+from redis.exceptions import RedisError
 from rq.exceptions import StopRequested
+from rq.intermediate_queue import IntermediateQueue
 from rq.timeouts import BaseDeathPenalty
-from rq.utils import now
+from rq.utils import as_text, get_version, now
 from rq.worker import SimpleWorker, WorkerStatus
 
 from ..core.llm import http
@@ -50,6 +54,11 @@ DEFAULT_CONCURRENCY = 10
 DEFAULT_SHUTDOWN_GRACE = 30.0
 #: Seconds between two heartbeats of the worker while every thread is busy.
 BUSY_HEARTBEAT = 5.0
+#: Jobs taken at most in one round trip beside the one the worker waited for, one per free thread.
+PREFETCH = 500
+#: Redis connections the worker's threads share at most, and seconds a thread waits for one.
+REDIS_CONNECTIONS = 50
+REDIS_WAIT = 60.0
 
 
 # --- job timeouts, per thread --------------------------------------------------------------------
@@ -170,12 +179,40 @@ class ConcurrentWorker(SimpleWorker):
         self._interruptible = False
         #: the state last sent to Redis on its own, and when (monotonic)
         self._state_sent: tuple[str | None, float] = (None, 0.0)
-        #: when the worker last asked Redis whether workers are suspended (monotonic)
+        #: when the worker last asked Redis whether workers are suspended (monotonic), whether it
+        #: let the last chance go by (asked less than a second before), and whether it is a burst
         self._suspension_checked = float("-inf")
+        self._suspension_skipped = False
+        self._burst = False
+        #: jobs taken from the queue with the one before, each with its thread's slot already held
+        self._prefetched: collections.deque[tuple[Job, Queue]] = collections.deque()
         super().__init__(*args, **kwargs)
+        self._bound_redis_connections()
         http.set_max_connections(max(50, concurrency))
         journal.release_connection_before_model()
 
+
+    def _bound_redis_connections(self) -> None:
+        """Have the threads wait for one of ``REDIS_CONNECTIONS`` Redis connections rather than
+        open one each: redis-py's own pool refuses its 101st at once ("Too many connections"),
+        which a burst of jobs, each starting in its thread (rq's bookkeeping), reached; and a
+        Redis server need not hold a connection per run in flight. The worker's queues share its
+        client (django-rq's ``get_worker``), so they share the pool."""
+        pool = self.connection.connection_pool
+        if type(pool) is ConnectionPool:  # not a Sentinel's, a cluster's or one of the project's own
+            self.connection.connection_pool = BlockingConnectionPool(
+                connection_class=pool.connection_class, max_connections=REDIS_CONNECTIONS, timeout=REDIS_WAIT,
+                **pool.connection_kwargs,
+            )  # fmt: skip
+            pool.disconnect()
+        elif getattr(pool, "max_connections", REDIS_CONNECTIONS) < REDIS_CONNECTIONS and not isinstance(
+            pool, BlockingConnectionPool
+        ):
+            log.warning(
+                "worker %s: its Redis connection pool (%s) opens %d connections at most and refuses more: "
+                "with %d runs in flight, use a BlockingConnectionPool", self.name, type(pool).__name__,
+                pool.max_connections, self.concurrency,
+            )  # fmt: skip
 
     # rq keeps the job being run on the worker (``self.execution``): here one per thread.
     @property
@@ -193,13 +230,21 @@ class ConcurrentWorker(SimpleWorker):
     # --- taking jobs -----------------------------------------------------------------------------
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        if self._prefetched and not self._stop_requested:
+            return self._prefetched.popleft()  # its slot was taken with it
         if not self._wait_for_slot():
             return None
         self._interruptible = True
         try:
-            if self._stop_requested:
-                result = None
-            else:
+            result = None
+            if self._suspension_skipped and timeout is not None and not self._stop_requested:
+                # It did not ask about a suspension before this job (it asked less than a second
+                # ago): take one only if one is there, and ask before waiting for one.
+                result = super().dequeue_job_and_maintain_ttl(None, max_idle_time)
+                if result is None:
+                    self._suspension_checked = float("-inf")
+                    self.check_for_suspension(self._burst)
+            if result is None and not self._stop_requested:
                 waited = time.monotonic()
                 result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
                 if time.monotonic() - waited > 0.05:
@@ -213,7 +258,58 @@ class ConcurrentWorker(SimpleWorker):
             self._interruptible = False
         if result is None:
             self._slots.release()
+        else:
+            self._prefetch(result[1])
         return result
+
+    def _prefetch(self, queue: Queue) -> None:
+        """Take more of ``queue``'s jobs, one per free thread (``PREFETCH`` at most), in two round
+        trips (their ids, moved as rq moves them to the queue's intermediate list; then their
+        hashes) instead of two each: taking hundreds of jobs a second, the main thread otherwise
+        waits for the interpreter's lock on each reply while the runs' threads hold it. Only with
+        one queue (rq's own order across several is kept by taking their jobs one at a time)."""
+        if len(self._ordered_queues) != 1 or self._stop_requested or get_version(self.connection) < (6, 2, 0):
+            return
+        slots = 0
+        while slots < PREFETCH and self._slots.acquire(blocking=False):
+            slots += 1
+        if not slots:
+            return
+        ids: list[str] = []
+        try:
+            intermediate = IntermediateQueue(queue.key, self.connection)
+            with self.connection.pipeline(transaction=False) as pipe:
+                for _ in range(slots):
+                    pipe.lmove(queue.key, intermediate.key)
+                ids = [as_text(job_id) for job_id in pipe.execute() if job_id is not None]
+            jobs = self.job_class.fetch_many(ids, connection=self.connection, serializer=self.serializer)
+        except RedisError:
+            # The job already taken goes on; any taken here and not run are rq's (its maintenance
+            # fails a job stuck in the intermediate list) and the reconciler's (a queued run).
+            log.warning("worker %s: could not take more jobs at once", self.name, exc_info=True)
+            jobs = []
+        for _ in range(slots - sum(job is not None for job in jobs)):
+            self._slots.release()
+        version = self.get_redis_server_version()
+        for job in jobs:
+            if job is None:
+                continue  # deleted meanwhile: passed over, as rq's dequeue does
+            job.redis_server_version = version
+            self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
+            self._prefetched.append((job, queue))
+
+    def _return_prefetched(self) -> None:
+        """Put the jobs taken and not started back at the front of their queue, in their order."""
+        while self._prefetched:
+            job, queue = self._prefetched.pop()
+            try:
+                with self.connection.pipeline() as pipe:
+                    pipe.lrem(IntermediateQueue(queue.key, self.connection).key, 1, job.id)
+                    pipe.lpush(queue.key, job.id)
+                    pipe.execute()
+            except RedisError:
+                log.warning("worker %s: job %s could not be put back on its queue", self.name, job.id, exc_info=True)
+            self._slots.release()
 
     def _wait_for_slot(self) -> bool:
         """Wait until a thread is free (heartbeating meanwhile); False if a stop came first."""
@@ -246,6 +342,15 @@ class ConcurrentWorker(SimpleWorker):
                 self._in_flight.pop(job.id, None)
             self._slots.release()
             raise
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        super().bootstrap(*args, **kwargs)
+        # Every thread is started now, before any job: started as jobs come, each start waits
+        # for the new thread to get the interpreter's lock, which the runs already going hold,
+        # and the jobs behind it wait too (a burst of 500 jobs took seconds to start).
+        with self._lock:
+            while len(self._threads) < self.concurrency:
+                self._start_thread()
 
     def _start_thread(self) -> None:
         thread = threading.Thread(target=self._serve, daemon=True, name=f"nexo-run-{len(self._threads)}")
@@ -299,7 +404,9 @@ class ConcurrentWorker(SimpleWorker):
         # rq asks Redis (with a heartbeat) before every job it takes: taking hundreds a second
         # back to back, once a second is enough for `rq suspend` to be obeyed (after a job it
         # waited for, it asks at once).
-        if time.monotonic() - self._suspension_checked < 1.0:
+        self._burst = burst
+        self._suspension_skipped = time.monotonic() - self._suspension_checked < 1.0
+        if self._suspension_skipped:
             return
         super().check_for_suspension(burst)
         self._suspension_checked = time.monotonic()
@@ -321,6 +428,7 @@ class ConcurrentWorker(SimpleWorker):
 
     def teardown(self) -> None:
         try:
+            self._return_prefetched()
             left = self._drain(self.shutdown_grace if self._stop_requested else None)
         finally:
             super().teardown()

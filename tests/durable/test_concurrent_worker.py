@@ -68,6 +68,22 @@ def test_one_process_carries_many_runs_at_once_and_each_finishes_once_scripted(
     assert workers.alive() == [True]
 
 
+def test_a_burst_of_runs_past_redis_pys_hundred_connections_all_start_at_once_scripted(
+    rq_worker: Any, counter: Path
+) -> None:
+    """130 runs already queued when the worker starts: it takes them all at once (one per free
+    thread) and every thread starts its job together, where rq's bookkeeping of each once opened
+    a Redis connection each and redis-py refused the 101st ("Too many connections": the job was
+    dropped and its run stayed queued until the reconciler)."""
+    runs = [Brisk.run_later(f"brisk {i}") for i in range(130)]
+    workers = rq_worker(1, concurrency=130)
+    wait_all(runs, RunStatus.DONE, timeout=120, workers=workers)
+    assert count(counter).count("b") == 130
+    queue = dispatch.get_queue()
+    assert queue.finished_job_registry.count == 130 and queue.failed_job_registry.count == 0
+    assert "Too many connections" not in workers.logs()
+
+
 def test_sigkill_with_fifty_runs_in_flight_recovers_every_run_once_scripted(
     rq_worker: Any, counter: Path, settings: Any
 ) -> None:

@@ -169,3 +169,122 @@ def test_after_waiting_for_a_job_the_worker_asks_about_a_suspension_at_once(redi
     job, _ = worker.dequeue_job_and_maintain_ttl(timeout=5)  # there at once: no wait
     assert job is not None and worker._suspension_checked > 0
     queue.empty()
+
+
+def test_a_job_taken_without_asking_is_followed_by_asking_before_waiting(redis: Any) -> None:
+    """Jobs taken back to back skip the suspension check (once a second); if the queue is then
+    empty, the worker asks before it waits, so an `rq suspend` sent meanwhile is obeyed now, not
+    after whatever job comes next."""
+    queue = Queue("parts-ask", connection=redis)
+    queue.empty()
+    worker = ConcurrentWorker([queue], connection=redis, concurrency=1)
+    worker.register_birth()
+    try:
+        worker.check_for_suspension(burst=False)  # asked just now
+        queue.enqueue_call(func="builtins.print")
+        suspend(redis)
+        worker.check_for_suspension(burst=False)  # within the second: not asked
+        job, _ = worker.dequeue_job_and_maintain_ttl(timeout=5)  # there at once
+        assert job is not None and worker._suspension_skipped
+        worker._slots.release()  # the job is done
+        states: list[str] = []
+        threading.Timer(0.5, lambda: states.append(worker.get_state())).start()
+        threading.Timer(0.8, resume, args=(redis,)).start()
+        threading.Timer(1.2, queue.enqueue_call, kwargs={"func": "builtins.print"}).start()
+        worker.check_for_suspension(burst=False)  # still within the second
+        began = time.monotonic()
+        job, _ = worker.dequeue_job_and_maintain_ttl(timeout=5)
+        assert states == ["suspended"]  # it asked before waiting, and obeyed
+        assert job is not None and time.monotonic() - began >= 1.0
+    finally:
+        resume(redis)
+        worker.register_death()
+        queue.empty()
+
+
+def test_a_burst_of_jobs_is_taken_in_two_round_trips_one_per_free_thread(
+    redis: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    queue = Queue("parts-burst", connection=redis)
+    queue.empty()
+    ids = [queue.enqueue_call(func="builtins.print", args=(i,)).id for i in range(10)]
+    worker = ConcurrentWorker([queue], connection=redis, concurrency=4)
+    from redis.client import Pipeline
+
+    sent: list[list[str]] = []
+    execute = Pipeline.execute
+
+    def recording(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append([str(command[0][0]) for command in pipe.command_stack])
+        return execute(pipe, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "execute", recording)
+    job, _ = worker.dequeue_job_and_maintain_ttl(timeout=5)
+    monkeypatch.undo()
+    # Three more ids in one round trip, then their three jobs in another.
+    assert [c for c in sent if set(c) & {"LMOVE", "HGETALL"}] == [["LMOVE"] * 3, ["HGETALL"] * 3]
+    assert job.id == ids[0]
+    assert [j.id for j, _ in worker._prefetched] == ids[1:4]  # one per free thread: 4 threads
+    assert not worker._slots.acquire(blocking=False)  # each holds its thread's slot
+    assert worker.dequeue_job_and_maintain_ttl(timeout=5)[0].id == ids[1]  # no round trip
+    intermediate = f"{queue.key}:intermediate"
+    assert set(ids[:4]) == {i.decode() for i in redis.lrange(intermediate, 0, -1)}  # as rq keeps them
+    # Stopping, the jobs taken and not started go back to the front of the queue, in order.
+    worker._return_prefetched()
+    assert queue.job_ids == ids[2:]
+    assert {i.decode() for i in redis.lrange(intermediate, 0, -1)} == set(ids[:2])
+    assert worker._slots.acquire(blocking=False) and worker._slots.acquire(blocking=False)
+    assert not worker._slots.acquire(blocking=False)  # the two started ones still hold theirs
+    queue.empty()
+    redis.delete(intermediate)
+
+
+def test_threads_share_a_bounded_pool_of_redis_connections(redis_server: Any) -> None:
+    """redis-py's own pool refuses a 101st connection at once; the worker's threads wait for one
+    of its ``REDIS_CONNECTIONS`` instead (a burst of jobs starting together asked for more)."""
+    from redis import BlockingConnectionPool, Redis
+    from redis.exceptions import MaxConnectionsError
+
+    from nexo_django.durable.worker import REDIS_CONNECTIONS
+
+    def at_once(client: Any, threads: int) -> list[BaseException]:
+        errors: list[BaseException] = []
+
+        def hold() -> None:
+            try:
+                client.blpop(["parts-nothing"], timeout=0.3)  # holds its connection 0.3 s
+            except BaseException as exc:
+                errors.append(exc)
+
+        running = [threading.Thread(target=hold) for _ in range(threads)]
+        for thread in running:
+            thread.start()
+        for thread in running:
+            thread.join(30)
+        return errors
+
+    plain = Redis.from_url(redis_server.url)
+    errors = at_once(plain, 150)
+    assert errors and all(isinstance(e, MaxConnectionsError) for e in errors)  # what happened before
+    plain.close()
+
+    client = Redis.from_url(redis_server.url)
+    worker = ConcurrentWorker([Queue("parts-pool", connection=client)], connection=client, concurrency=300)
+    assert isinstance(worker.connection.connection_pool, BlockingConnectionPool)
+    assert worker.queues[0].connection.connection_pool is worker.connection.connection_pool
+    assert at_once(worker.connection, 150) == []
+    assert len(worker.connection.connection_pool._connections) <= REDIS_CONNECTIONS
+    worker.connection.close()
+
+
+def test_the_worker_starts_its_threads_before_taking_a_job(redis: Any) -> None:
+    worker = ConcurrentWorker([Queue("parts-start", connection=redis)], connection=redis, concurrency=25)
+    assert worker._threads == []
+    worker.bootstrap()
+    try:
+        assert len(worker._threads) == 25 and all(t.is_alive() for t in worker._threads)
+    finally:
+        worker.teardown()  # no job in flight: each thread is told to end
+    for thread in worker._threads:
+        thread.join(5)
+        assert not thread.is_alive()
