@@ -60,6 +60,7 @@ def test_the_earliest_deadline_fires_first_in_its_own_thread_and_a_disarmed_one_
 @pytest.fixture
 def fresh_clients(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(http, "_clients", [])
+    monkeypatch.setattr(http, "_tls", None)
     monkeypatch.setattr(http, "_local", threading.local())
     monkeypatch.setattr(http, "_next_shard", 0)
     monkeypatch.setattr(http, "_max_connections", 50)
@@ -90,15 +91,24 @@ def test_up_to_fifty_connections_every_thread_shares_one_client(fresh_clients: N
     assert len({id(c) for c in clients}) == 1 and _limit(clients[0]) == 50
 
 
-def test_past_fifty_the_connections_are_split_among_clients_threads_round_robin(fresh_clients: None) -> None:
+def test_past_fifty_each_thread_has_a_client_of_its_own_made_when_first_needed(fresh_clients: None) -> None:
     http.set_max_connections(500)
     clients = _clients_of_threads(40)
     distinct = {id(c): c for c in clients}
-    assert len(distinct) == 10 and {_limit(c) for c in distinct.values()} == {50}
-    assert sum(_limit(c) for c in distinct.values()) == 500  # the bound is the one asked for
-    # one TLS context for all of them (not ten loads of the CA certificates)
+    assert len(distinct) == 40 and {_limit(c) for c in distinct.values()} == {1}
+    assert len(http._clients) == 500 and sum(c is not None for c in http._clients) == 40  # the bound: 500
+    # one TLS context for all of them (not forty loads of the CA certificates)
     contexts = {id(c._transport._pool._ssl_context) for c in distinct.values()}
     assert len(contexts) == 1
+    for client in distinct.values():
+        client.close()
+
+
+def test_past_the_bound_threads_share_the_clients_round_robin(fresh_clients: None) -> None:
+    http.set_max_connections(60)
+    clients = _clients_of_threads(90)
+    distinct = {id(c): c for c in clients}
+    assert len(distinct) == 60 and sum(_limit(c) for c in distinct.values()) == 60
     for client in distinct.values():
         client.close()
 

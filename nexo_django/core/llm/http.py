@@ -61,10 +61,13 @@ class Retry:
 # --- the shared client ---------------------------------------------------------------------
 
 _lock = threading.Lock()
-#: The process's clients: one, or (past :data:`SHARD_CONNECTIONS` connections) several shards.
-_clients: list[httpx.Client] = []
+#: The process's clients: one, or (past 50 connections) one per connection, each made when a
+#: thread first needs it (``None`` until then).
+_clients: list[httpx.Client | None] = []
 _next_shard = 0
 _local = threading.local()
+#: The TLS context the clients share past 50 (each would load the CA certificates again).
+_tls: Any = None
 # Clients inherited across fork(): kept referenced so the child never finalises (and so never
 # touches) sockets that belong to its parent's pool.
 _inherited: list[httpx.Client] = []
@@ -72,11 +75,12 @@ _inherited: list[httpx.Client] = []
 
 #: Connections the shared client opens at most (:func:`set_max_connections`).
 _max_connections = 50
-#: Connections one client holds at most: httpcore looks through every connection of its pool,
-#: under one lock, when a request starts and when it ends, so a pool of hundreds costs each
-#: request hundreds of checks (a third of the concurrent worker's CPU with 500 runs in flight).
-#: Past this, the connections are split among clients and each thread keeps to one of them.
-SHARD_CONNECTIONS = 50
+#: Connections one client holds at most past 50: httpcore looks through every connection of its
+#: pool when a request starts and when it ends, with a ``poll()`` of each idle one (every one lets
+#: go of the interpreter's lock, for hundreds of threads to contend for), so a pool of 500 cost a
+#: third of the concurrent worker's CPU, and one of 50 a sixth. Past 50, each thread keeps to a
+#: client of its own.
+SHARD_CONNECTIONS = 1
 
 
 def set_max_connections(count: int) -> None:
@@ -92,36 +96,50 @@ def set_max_connections(count: int) -> None:
 
 def shared_client() -> httpx.Client:
     """The process's pooled client for this thread, so turns and runs reuse provider connections:
-    one client, or one of ``ceil(max connections / SHARD_CONNECTIONS)`` shards, each thread
-    keeping to the shard it was first given (round robin)."""
+    one client of 50 connections, or past 50 one of ``max connections / SHARD_CONNECTIONS``
+    clients, each thread keeping to the one it was first given (round robin)."""
     global _next_shard
     shard = getattr(_local, "shard", None)
     clients = _clients
     if shard is not None and shard < len(clients):
-        return clients[shard]
+        client = clients[shard]
+        if client is not None:
+            return client
     with _lock:
         if not _clients:
-            _clients.extend(_make_clients())
-        _local.shard = _next_shard % len(_clients)
-        _next_shard += 1
-        return _clients[_local.shard]
+            _clients.extend([None] * _shards()[0])
+        if shard is None or shard >= len(_clients):
+            shard = _local.shard = _next_shard % len(_clients)
+            _next_shard += 1
+        client = _clients[shard]
+        if client is None:
+            client = _clients[shard] = _make_client()
+        return client
 
 
-def _make_clients() -> list[httpx.Client]:
+def _shards() -> tuple[int, int]:
+    """How many clients, and the connections of each."""
+    if _max_connections <= 50:
+        return 1, _max_connections
     shards = -(-_max_connections // SHARD_CONNECTIONS)
-    each = -(-_max_connections // shards)
+    return shards, -(-_max_connections // shards)
+
+
+def _make_client() -> httpx.Client:
+    global _tls
+    shards, each = _shards()
     # Past the default, every connection is kept alive: the runs in flight reuse them.
     keepalive = 20 if _max_connections <= 50 else each
     limits = httpx.Limits(max_connections=each, max_keepalive_connections=keepalive, keepalive_expiry=30.0)
-    # One TLS context for all shards (each would load the CA certificates again).
-    verify: Any = httpx.create_ssl_context() if shards > 1 else True
-    return [httpx.Client(headers={"user-agent": USER_AGENT}, limits=limits, verify=verify) for _ in range(shards)]
+    if shards > 1 and _tls is None:
+        _tls = httpx.create_ssl_context()
+    return httpx.Client(headers={"user-agent": USER_AGENT}, limits=limits, verify=_tls if shards > 1 else True)
 
 
 def _after_fork_in_child() -> None:
     # rq forks a work horse per job: the child must open its own connections.
     global _lock, _local
-    _inherited.extend(_clients)
+    _inherited.extend(client for client in _clients if client is not None)
     _clients.clear()
     _lock = threading.Lock()
     _local = threading.local()
@@ -129,7 +147,8 @@ def _after_fork_in_child() -> None:
 
 def _close_at_exit() -> None:
     for client in _clients:
-        client.close()
+        if client is not None:
+            client.close()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
