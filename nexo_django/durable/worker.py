@@ -30,7 +30,9 @@ from django.db import connections
 from redis import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import RedisError
 from rq.exceptions import StopRequested
+from rq.executions import Execution
 from rq.intermediate_queue import IntermediateQueue
+from rq.job import JobStatus
 from rq.timeouts import BaseDeathPenalty
 from rq.utils import as_text, get_version, now
 from rq.worker import SimpleWorker, WorkerStatus
@@ -39,7 +41,6 @@ from ..core.llm import http
 from . import journal
 
 if TYPE_CHECKING:
-    from rq.executions import Execution
     from rq.job import Job
     from rq.queue import Queue
 
@@ -186,6 +187,8 @@ class ConcurrentWorker(SimpleWorker):
         self._burst = False
         #: jobs taken from the queue with the one before, each with its thread's slot already held
         self._prefetched: collections.deque[tuple[Job, Queue]] = collections.deque()
+        #: job id -> its execution, for the jobs whose start rq's bookkeeping has recorded already
+        self._started_together: dict[str, Execution] = {}
         super().__init__(*args, **kwargs)
         self._bound_redis_connections()
         http.set_max_connections(max(50, concurrency))
@@ -260,6 +263,8 @@ class ConcurrentWorker(SimpleWorker):
             self._slots.release()
         else:
             self._prefetch(result[1])
+            if self._prefetched:
+                self._start_together([result, *self._prefetched])
         return result
 
     def _prefetch(self, queue: Queue) -> None:
@@ -298,14 +303,51 @@ class ConcurrentWorker(SimpleWorker):
             self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
             self._prefetched.append((job, queue))
 
+    def _start_together(self, jobs: list[tuple[Job, Queue]]) -> None:
+        """Record the start of jobs taken together in one round trip: what rq records before each
+        job in two (its execution, ``prepare_execution``; its start, ``prepare_job_execution``),
+        which their threads, all starting at once, otherwise made one by one, each waiting for
+        the interpreter's lock on its replies. If it fails, each thread records its own, as rq."""
+        executions: dict[str, Execution] = {}
+        try:
+            with self.connection.pipeline() as pipe:
+                longest = 0
+                for job, queue in jobs:
+                    ttl = self.get_heartbeat_ttl(job)
+                    longest = max(longest, ttl)
+                    executions[job.id] = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+                    job.heartbeat(now(), ttl, pipeline=pipe)
+                    job.prepare_for_execution(self.name, pipeline=pipe)
+                    pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+                self.set_current_job_id(jobs[-1][0].id, pipeline=pipe)
+                self.set_current_job_working_time(0, pipeline=pipe)
+                self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+                self.heartbeat(longest, pipeline=pipe)
+                pipe.execute()
+        except RedisError:
+            log.warning("worker %s: could not record the start of %d jobs at once", self.name, len(jobs), exc_info=True)
+            return
+        self._started_together.update(executions)
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        if self._started_together.pop(job.id, None) is not None:
+            return  # recorded with the jobs taken with it (_start_together)
+        super().prepare_job_execution(job, remove_from_intermediate_queue)
+
     def _return_prefetched(self) -> None:
-        """Put the jobs taken and not started back at the front of their queue, in their order."""
+        """Put the jobs taken and not handed to a thread back at the front of their queue, in
+        their order, as queued jobs again."""
         while self._prefetched:
             job, queue = self._prefetched.pop()
+            execution = self._started_together.pop(job.id, None)
             try:
                 with self.connection.pipeline() as pipe:
-                    pipe.lrem(IntermediateQueue(queue.key, self.connection).key, 1, job.id)
-                    pipe.lpush(queue.key, job.id)
+                    if execution is not None:  # out of the started registry, queued again
+                        execution.delete(job=job, pipeline=pipe)
+                        job.set_status(JobStatus.QUEUED, pipeline=pipe)
+                    else:
+                        pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+                    queue.push_job_id(job.id, pipeline=pipe, at_front=True)
                     pipe.execute()
             except RedisError:
                 log.warning("worker %s: job %s could not be put back on its queue", self.name, job.id, exc_info=True)
@@ -364,7 +406,11 @@ class ConcurrentWorker(SimpleWorker):
                 return
             job, queue = task
             try:
-                self.prepare_execution(job)  # this thread's execution (self.execution)
+                execution = self._started_together.get(job.id)
+                if execution is None:
+                    self.prepare_execution(job)  # this thread's execution (self.execution)
+                else:
+                    self.execution = execution
                 self.perform_job(job, queue)
             except BaseException:  # rq records the job's own failures; this is rq's bookkeeping failing
                 log.exception("worker %s: job %s could not be finished", self.name, job.id)

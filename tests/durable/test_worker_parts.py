@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from rq import Queue
+from rq.job import Job
 from rq.suspension import resume, suspend
 
 from nexo_django.core.llm import http
@@ -212,7 +213,7 @@ def test_a_job_taken_without_asking_is_followed_by_asking_before_waiting(redis: 
         queue.empty()
 
 
-def test_a_burst_of_jobs_is_taken_in_two_round_trips_one_per_free_thread(
+def test_a_burst_of_jobs_is_taken_and_started_in_three_round_trips_one_per_free_thread(
     redis: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     queue = Queue("parts-burst", connection=redis)
@@ -231,22 +232,28 @@ def test_a_burst_of_jobs_is_taken_in_two_round_trips_one_per_free_thread(
     monkeypatch.setattr(Pipeline, "execute", recording)
     job, _ = worker.dequeue_job_and_maintain_ttl(timeout=5)
     monkeypatch.undo()
-    # Three more ids in one round trip, then their three jobs in another.
+    # Three more ids in one round trip, their three jobs in another, and the start of all four
+    # recorded (as rq records a job's) in a third.
     assert [c for c in sent if set(c) & {"LMOVE", "HGETALL"}] == [["LMOVE"] * 3, ["HGETALL"] * 3]
+    assert [c.count("LREM") for c in sent if "LREM" in c] == [4]
     assert job.id == ids[0]
     assert [j.id for j, _ in worker._prefetched] == ids[1:4]  # one per free thread: 4 threads
     assert not worker._slots.acquire(blocking=False)  # each holds its thread's slot
     assert worker.dequeue_job_and_maintain_ttl(timeout=5)[0].id == ids[1]  # no round trip
-    intermediate = f"{queue.key}:intermediate"
-    assert set(ids[:4]) == {i.decode() for i in redis.lrange(intermediate, 0, -1)}  # as rq keeps them
-    # Stopping, the jobs taken and not started go back to the front of the queue, in order.
+    started = queue.started_job_registry
+    assert sorted(started.get_job_ids()) == sorted(ids[:4])
+    assert {Job.fetch(i, connection=redis).get_status() for i in ids[:4]} == {"started"}
+    assert redis.llen(f"{queue.key}:intermediate") == 0
+    # Stopping, the jobs taken and not handed to a thread go back to the front of the queue, in
+    # their order, queued again.
     worker._return_prefetched()
     assert queue.job_ids == ids[2:]
-    assert {i.decode() for i in redis.lrange(intermediate, 0, -1)} == set(ids[:2])
+    assert sorted(started.get_job_ids()) == sorted(ids[:2])
+    assert {Job.fetch(i, connection=redis).get_status() for i in ids[2:4]} == {"queued"}
     assert worker._slots.acquire(blocking=False) and worker._slots.acquire(blocking=False)
     assert not worker._slots.acquire(blocking=False)  # the two started ones still hold theirs
     queue.empty()
-    redis.delete(intermediate)
+    redis.delete(started.key)
 
 
 def test_threads_share_a_bounded_pool_of_redis_connections(redis_server: Any) -> None:
