@@ -3,7 +3,8 @@
 A run spends nearly all of its life waiting on its model over HTTP, and its loop is synchronous.
 So the worker is rq's (``SimpleWorker``: jobs, registries, failure handling, the dashboard and
 ``rq``'s commands are rq's own) with one change: ``execute_job`` hands the job to one of
-``concurrency`` threads and goes back to the queue while a thread is free. Each thread has its
+``concurrency`` threads (all started with the worker) and goes back to the queue while a thread
+is free; a burst of jobs is taken one per free thread, a few round trips for all. Each thread has its
 own Django connection, handed back before every model request (``journal.release_connection_
 before_model``), so connections are bounded by the pool, not by the runs in flight. Leases,
 heartbeats and recovery are per run, as in any worker; a job timeout is raised in its own
