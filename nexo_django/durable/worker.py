@@ -32,10 +32,9 @@ from redis import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import RedisError
 from rq.exceptions import StopRequested
 from rq.executions import Execution
-from rq.intermediate_queue import IntermediateQueue
 from rq.job import JobStatus
 from rq.timeouts import BaseDeathPenalty
-from rq.utils import as_text, get_version, now
+from rq.utils import as_text, now
 from rq.worker import SimpleWorker, WorkerStatus
 
 from ..core.llm import http
@@ -274,7 +273,8 @@ class ConcurrentWorker(SimpleWorker):
         hashes) instead of two each: taking hundreds of jobs a second, the main thread otherwise
         waits for the interpreter's lock on each reply while the runs' threads hold it. Only with
         one queue (rq's own order across several is kept by taking their jobs one at a time)."""
-        if len(self._ordered_queues) != 1 or self._stop_requested or get_version(self.connection) < (6, 2, 0):
+        version = self.get_redis_server_version()
+        if len(self._ordered_queues) != 1 or self._stop_requested or version < (6, 2, 0):
             return
         slots = 0
         while slots < PREFETCH and self._slots.acquire(blocking=False):
@@ -283,10 +283,9 @@ class ConcurrentWorker(SimpleWorker):
             return
         ids: list[str] = []
         try:
-            intermediate = IntermediateQueue(queue.key, self.connection)
             with self.connection.pipeline(transaction=False) as pipe:
                 for _ in range(slots):
-                    pipe.lmove(queue.key, intermediate.key)
+                    pipe.lmove(queue.key, queue.intermediate_queue_key)
                 ids = [as_text(job_id) for job_id in pipe.execute() if job_id is not None]
             jobs = self.job_class.fetch_many(ids, connection=self.connection, serializer=self.serializer)
         except RedisError:
@@ -296,7 +295,6 @@ class ConcurrentWorker(SimpleWorker):
             jobs = []
         for _ in range(slots - sum(job is not None for job in jobs)):
             self._slots.release()
-        version = self.get_redis_server_version()
         for job in jobs:
             if job is None:
                 continue  # deleted meanwhile: passed over, as rq's dequeue does
