@@ -34,12 +34,13 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.generic import DetailView, ListView
 
-from .bounded import bounded_json, bounded_text, long_strings, message_view
+from .bounded import BLOCK_BYTES, MESSAGE_BYTES, bounded_json, bounded_text, long_strings, message_view
 from .core.errors import AlreadyDecided, FollowUpRefused, InvalidEditedArguments, StaleDecision
 from .display import is_hidden
+from . import run_pages
 from .durable import live, runs
 from .durable.queue_health import queue_warning
-from .models import ACTIVE_RUN_STATUSES, AgentRun, RunEvent, RunStatus, ToolCall
+from .models import ACTIVE_RUN_STATUSES, AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall
 
 #: Runs of a conversation a run's page lists at most (the ones nearest the run shown).
 CONVERSATION_LIMIT = 50
@@ -109,11 +110,12 @@ def visible(text: str) -> str:
     return "".join(f"⟦U+{ord(c):04X}⟧" if is_hidden(c, keep="\n\t") else c for c in text)
 
 
-def transcript_entries(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The transcript as safe pieces for a template (escaped, hidden characters shown)."""
+def transcript_entries(messages: list[dict[str, Any]], *, budget: int = MESSAGE_BYTES) -> list[dict[str, Any]]:
+    """The transcript as safe pieces for a template (escaped, hidden characters shown), each
+    message at most ``budget`` bytes of HTML."""
     entries = []
     for message in messages:
-        entry = message_view(message)
+        entry = message_view(message, budget=budget)
         content = message.get("content")
         entry["is_error"] = message.get("role") == "tool" and isinstance(content, dict) and "error" in content
         entries.append(entry)
@@ -124,12 +126,17 @@ def transcript_entries(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 JSON_ARGS_MAX = 256_000
 
 
-def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
+def run_status(run: AgentRun, *, operator: bool = True, pending_after: int | None = None) -> dict[str, Any]:
     """What the JSON status endpoint answers; ``version`` changes whenever the page would. With
-    ``operator`` false, the error is in plain words (:func:`public_error`)."""
-    pending = list(run.pending_calls())
+    ``operator`` false, the error is in plain words (:func:`public_error`). Bounded whatever the
+    number of calls: the calls by status, and the first ``run_pages.PENDING_SHOWN`` pending ones
+    (after call ``pending_after``; ``pending_next`` is the URL of the next ones)."""
+    pending, pending_total = run_pages.pending_window(run, after=pending_after)
     versions = runs.file_versions_now(run, pending)
     messages = run.messages.count()
+    more = pending_total > len(pending) and bool(pending) and (
+        ToolCall.objects.filter(run=run, status=CallStatus.PENDING_APPROVAL, id__gt=pending[-1].pk).exists()
+    )
     return {
         "id": str(run.pk),
         "agent": run.agent_name,
@@ -150,8 +157,13 @@ def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
              "file_version": versions[c.pk]}
             for c in pending
         ],
+        "pending_total": pending_total,
+        "pending_next": (
+            reverse("nexo_django:run_status", args=[run.pk]) + f"?pending_after={pending[-1].pk}" if more else None
+        ),
+        "calls": run_pages.call_counts(run),
         "updated_at": run.updated_at.isoformat(),
-        "version": f"{run.status}:{messages}:{len(pending)}:{run.updated_at.isoformat()}",
+        "version": f"{run.status}:{messages}:{pending_total}:{run.updated_at.isoformat()}",
     }
 
 
@@ -198,6 +210,33 @@ def may_follow_up(run: AgentRun, user: Any) -> bool:
         and run.created_by_id == getattr(user, "pk", None)
         and not AgentRun.objects.filter(previous_id=run.pk).exists()
     )
+
+
+def transcript_window(run: AgentRun, request: HttpRequest) -> dict[str, Any]:
+    """The run's transcript for its page: the last :data:`run_pages.MESSAGES_SHOWN` messages, or
+    those from ``?transcript_from=<seq>``, with links to the messages before and after."""
+    found = run_pages.window(
+        RunMessage.objects.filter(run=run).only("seq", "data"), "seq",
+        limit=run_pages.MESSAGES_SHOWN, start=run_pages.int_param(request, "transcript_from"), tail=True,
+    )
+    budget = run_pages.budget_each(run_pages.WINDOW_BYTES, len(found.rows), ceiling=MESSAGE_BYTES)
+    return {"transcript": transcript_entries([m.data for m in found.rows], budget=budget), "transcript_window": found}
+
+
+def pending_entries(run: AgentRun, url: Any) -> dict[str, Any]:
+    """The first :data:`run_pages.CALLS_SHOWN` calls waiting for a person, their arguments sharing
+    :data:`run_pages.PENDING_BYTES`, and how many wait in all."""
+    pending, total = run_pages.pending_window(run, limit=run_pages.CALLS_SHOWN)
+    budget = run_pages.budget_each(run_pages.PENDING_BYTES, len(pending), ceiling=BLOCK_BYTES)
+    return {
+        "pending": [
+            {"call": c, "args": bounded_json(c.args, budget=budget).html,
+             "texts": [(key, text.html) for key, text in long_strings(c.args)] if index < run_pages.TEXT_CALLS else [],
+             "inbox_url": url(c)} for index, c in enumerate(pending)
+        ],
+        "pending_total": total,
+        "pending_hidden": total - len(pending),
+    }
 
 
 class VisibleRunsMixin:
@@ -290,18 +329,14 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
         context["operator"] = operator
         context["result"] = bounded_text(run.result or "").html
         context["error"] = bounded_text(status["error"] or "").html
-        context["transcript"] = transcript_entries(run.transcript())
+        context.update(transcript_window(run, self.request))
         warning = self.get_queue_warning(run)
         context["queue_warning"] = warning if operator else None
         context["waiting_for_worker"] = warning is not None
         context["attention_url"] = (
             run_admin_url(run) if run.status == RunStatus.NEEDS_ATTENTION and operator else None
         )
-        context["pending"] = [
-            {"call": c, "args": bounded_json(c.args).html,
-             "texts": [(key, text.html) for key, text in long_strings(c.args)],
-             "inbox_url": self.get_inbox_url(c)} for c in run.pending_calls()
-        ]
+        context.update(pending_entries(run, self.get_inbox_url))
         # Under ASGI the page follows the run's event stream (it reloads when what it shows
         # changes); under WSGI it polls the status, faster while the run works.
         live_page = not run.is_terminal and streams(self.request)
@@ -332,7 +367,8 @@ class RunStatusView(View):
             run = get_object_or_404(self.get_queryset(), pk=pk)
         except Http404:
             return JsonResponse({"error": "no such run"}, status=404)
-        return JsonResponse(run_status(run, operator=shows_operator_details(request.user)))
+        return JsonResponse(run_status(run, operator=shows_operator_details(request.user),
+                                       pending_after=run_pages.int_param(request, "pending_after")))
 
 
 #: Events one GET of :class:`RunEventsView` returns at most; ``?after=<id>`` pages on.

@@ -12,7 +12,7 @@ from django.db.models import Model
 from django.http import HttpRequest
 from django.utils.safestring import SafeString
 
-from .. import models
+from .. import models, run_pages
 from ..bounded import MESSAGE_BYTES, bounded_json, bounded_text, message_view, preview
 from ..models import AgentRun, RunMessage
 from ..storable import RESERVED
@@ -104,26 +104,31 @@ def json_size(model: type[Model], pk: Any, field: str) -> int:
 
 
 def transcript_context(model_admin: Any, request: HttpRequest, run: AgentRun) -> dict[str, Any]:
-    show_all = request.GET.get("transcript") == "all"
-    messages_qs = model_admin.get_transcript(request, run)
-    total = messages_qs.count()
-    messages_qs = messages_qs.defer("data")
-    rows = list(messages_qs) if show_all else list(reversed(messages_qs.reverse()[: model_admin.transcript_limit]))
+    """The transcript's last ``transcript_limit`` messages, or a window of as many from
+    ``?transcript_from=<seq>`` (``?transcript=all``: from the first), never all of a long run."""
+    start = 0 if request.GET.get("transcript") == "all" else run_pages.int_param(request, "transcript_from")
+    found = run_pages.window(
+        model_admin.get_transcript(request, run).defer("data"), "seq",
+        limit=model_admin.transcript_limit, start=start, tail=True,
+    )
+    rows = found.rows
     stored = load_many(RunMessage, [m.pk for m in rows], "data")
+    budget = run_pages.budget_each(run_pages.WINDOW_BYTES, len(rows), ceiling=MESSAGE_BYTES)
     return {
-        # Each message bounded: a page shows the transcript's last messages, never megabytes.
-        "transcript": [{"seq": m.seq, **message_shown(m, stored[m.pk])} for m in rows if m.pk in stored],
-        "transcript_total": total,
-        "transcript_hidden": total - len(rows),
+        # Each message bounded, and the window too: a page never shows megabytes.
+        "transcript": [{"seq": m.seq, **message_shown(m, stored[m.pk], budget=budget)} for m in rows if m.pk in stored],
+        "transcript_total": found.total,
+        "transcript_hidden": found.total - len(rows),
+        "transcript_window": found,
     }
 
 
-def message_shown(row: RunMessage, stored: Stored) -> dict[str, Any]:
+def message_shown(row: RunMessage, stored: Stored, *, budget: int = MESSAGE_BYTES) -> dict[str, Any]:
     if not stored.big:
-        return message_view(stored.value)
+        return message_view(stored.value, budget=budget)
     # Too big to load into a page: the start of its stored JSON text, as stored.
     view = message_view({"role": row.role, "content": None})
-    view["json"] = bounded_text(stored.prefix, keep="\n", budget=MESSAGE_BYTES).html
+    view["json"] = bounded_text(stored.prefix, keep="\n", budget=budget).html
     view["clipped"] = True
     return view
 

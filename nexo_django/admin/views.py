@@ -34,6 +34,7 @@ from ..bounded import (
 )
 from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
 from ..display import is_hidden, json_diff, json_for_editor, mark_hidden, reveal
+from .. import run_pages
 from ..durable import dispatch, runs
 from ..models import AgentRun, CallStatus, Decision, RunStatus, ToolCall, args_digest
 from ..views import conversation_entries, neighbours
@@ -519,17 +520,17 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         raise Http404("No such run, or it is not yours to see.")
     if request.method == "POST":
         return _run_action(model_admin, request, run)
-    calls = list(
-        ToolCall.objects.filter(run=run).defer("args", "result")
-        .select_related("decision", "decision__decided_by").order_by("created_at", "id")
-    )
+    # The calls a window at a time (counts by status above it): a turn can hold 10,000.
+    calls_window = run_pages.calls_window(run, start=run_pages.int_param(request, "calls_from"))
+    calls = calls_window.rows
     # Arguments and results by size: a call of 50 MB is shown by the start of its stored text.
     stored_args = load_many(ToolCall, [c.pk for c in calls], "args")
     stored_results = load_many(ToolCall, [c.pk for c in calls], "result")
-    show_all_events = request.GET.get("events") == "all"
-    events_qs = model_admin.get_events(request, run)
-    events_total = events_qs.count()
-    events = list(events_qs) if show_all_events else list(reversed(events_qs.reverse()[: model_admin.events_limit]))
+    events_window = run_pages.window(
+        model_admin.get_events(request, run), "id", limit=model_admin.events_limit,
+        start=0 if request.GET.get("events") == "all" else run_pages.int_param(request, "events_from"), tail=True,
+    )
+    events = events_window.rows
     context = {
         **_base_context(model_admin, request, f"{run.agent_name} run {str(run.pk)[:8]}", run),
         "run": run,
@@ -538,13 +539,15 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         "error_html": bounded_text(run.error).html if run.error else None,
         "started_by": str(run.created_by) if run.created_by_id else "—",
         "calls": [_call_row(model_admin, c, stored_args[c.pk], stored_results[c.pk]) for c in calls],
-        "has_unknown": any(c.status == CallStatus.OUTCOME_UNKNOWN for c in calls),
+        "calls_window": calls_window,
+        "call_counts": run_pages.call_counts(run),
+        "has_unknown": ToolCall.objects.filter(run=run, status=CallStatus.OUTCOME_UNKNOWN).exists(),
         "can_cancel": not run.is_terminal,
         "can_retry": run.status in (RunStatus.NEEDS_ATTENTION, RunStatus.FAILED),
         "queue_warning": model_admin.get_queue_warning(request, run),
         "events": [{"seq": e.id, "type": e.type, "data": bounded_json(e.data, budget=4_000, string_chars=500).html,
                     "at": e.created_at} for e in events],
-        "events_hidden": events_total - len(events),
+        "events_window": events_window,
         **transcript_context(model_admin, request, run),
         **_conversation_context(model_admin, request, run),
     }

@@ -117,9 +117,12 @@ def test_run_detail_transcript_is_cut_and_expandable() -> None:
     client = client_for(approver())
     short = client.get(run_url(call.run)).content.decode()
     assert "message number 59" in short and "message number 5<" not in short
-    assert "Show all 60 messages" in short
-    full = client.get(run_url(call.run) + "?transcript=all").content.decode()
-    assert "message number 5<" in full and "message number 59" in full
+    assert "Messages 41–60 of 60" in short
+    first = client.get(run_url(call.run) + "?transcript=all").content.decode()
+    assert "message number 5<" in first and "message number 59" not in first
+    assert "Messages 1–20 of 60" in first
+    later = client.get(run_url(call.run) + "?transcript_from=20").content.decode()
+    assert "message number 20<" in later and "message number 39<" in later and "message number 40<" not in later
 
 
 @pytest.mark.django_db(transaction=True)
