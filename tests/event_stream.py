@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import httpx
 
@@ -23,6 +24,9 @@ class Stream(threading.Thread):
         self.events: list[tuple[int, str]] = []
         #: the model's text as it came (event: delta), with how many events came before each piece
         self.deltas: list[tuple[int, str]] = []
+        #: the text so far the stream sent first (event: delta with "so_far"), and the statuses
+        self.so_far: list[str] = []
+        self.statuses: list[str] = []
         self.status: int | None = None
         self.ended = False
         #: the stream's first line (the retry hint) came: it is subscribed to the run
@@ -64,8 +68,16 @@ class Stream(threading.Thread):
                 self._changed.notify_all()
             return False
         if fields.get("event") == "delta":  # the model's text: no id, not stored
+            delta = json.loads(fields["data"])
             with self._changed:
-                self.deltas.append((len(self.events), json.loads(fields["data"])["text"]))
+                if delta.get("so_far"):
+                    self.so_far.append(delta["text"])
+                self.deltas.append((len(self.events), delta["text"]))
+                self._changed.notify_all()
+            return False
+        if fields.get("event") == "status":  # the run's status as the stream read it: no id
+            with self._changed:
+                self.statuses.append(json.loads(fields["data"])["status"])
                 self._changed.notify_all()
             return False
         if "id" not in fields:
@@ -83,6 +95,12 @@ class Stream(threading.Thread):
                 lambda: sum(t == type for _, t in self.events) >= count or not self.is_alive(), WAIT
             )
         assert ok and sum(t == type for _, t in self.events) >= count, (self.events, self.error)
+
+    def wait_for(self, ready: Any) -> None:
+        """Wait until ``ready()`` (called under the lock as events come) is true."""
+        with self._changed:
+            ok = self._changed.wait_for(lambda: ready() or not self.is_alive(), WAIT)
+        assert ok and ready(), (self.events, self.statuses, self.error)
 
     def wait_open(self) -> None:
         with self._changed:

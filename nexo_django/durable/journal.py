@@ -345,8 +345,11 @@ class DbJournal(Journal):
         run_id = self.run.pk
         if self._messages:
             batch.insert(RunMessage, MESSAGE_COLUMNS, [(run_id, *m, now) for m in self._messages])
-        if self._events:
-            batch.insert(RunEvent, EVENT_COLUMNS, [(run_id, *e, now) for e in self._events])
+        # A claim is a change of status the run's pages follow (queued to running): it is an event,
+        # written with the claim (the events' commit is what wakes a page's stream).
+        events = [("running", {}), *self._events] if self._start == "claim" else self._events
+        if events:
+            batch.insert(RunEvent, EVENT_COLUMNS, [(run_id, *e, now) for e in events])
         return batch
 
     def _write(self, batch: sql.Batch, values: dict[str, Any]) -> bool:

@@ -42,8 +42,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections, router
 
-from ..models import TERMINAL_RUN_STATUSES, AgentRun, RunEvent
-from . import dispatch
+from ..models import TERMINAL_RUN_STATUSES, AgentRun, RunEvent, RunStatus
+from . import dispatch, live_text
 
 log = logging.getLogger("nexo_django.live")
 
@@ -89,6 +89,13 @@ def publish_delta(run_id: Any, turn: int, attempt: int, text: str) -> None:
         {"run": str(run_id), "turn": turn, "attempt": attempt, "text": text[start : start + DELTA_CHARS]}
         for start in range(0, len(text), DELTA_CHARS)
     ]
+    # Kept for a page opened mid-turn; each piece says where it ends in the kept text.
+    end = live_text.keep(run_id, turn, attempt, text)
+    if end is not None:
+        at = end - live_text.size(text)
+        for payload in payloads:
+            at += live_text.size(payload["text"])
+            payload["end"] = at
     channel = delta_channel()
     if channel == "postgresql":
         try:
@@ -384,15 +391,43 @@ def _read(run_id: Any, after: int) -> tuple[list[dict[str, Any]], str | None, bo
     return rows, status, status is None or status in TERMINAL_RUN_STATUSES
 
 
+def _text_so_far(run_id: Any) -> dict[str, Any] | None:
+    """The text kept of the run's turn in progress (``live_text``), or None: none kept, or its
+    turn's reply is stored already (the page shows it from the transcript)."""
+    kept = live_text.so_far(run_id)
+    if kept is None or not kept["text"]:
+        return None
+    reply = RunEvent.objects.filter(run_id=run_id, type="model_reply").order_by("-id").values_list("data", flat=True).first()
+    if isinstance(reply, dict) and isinstance(reply.get("turn"), int) and reply["turn"] >= kept["turn"]:
+        return None
+    return kept
+
+
+def status_event(status: str | None) -> str:
+    """``event: status``: the run's status and its label, sent whenever the stream sees it change."""
+    label = RunStatus(status).label if status in RunStatus.values else str(status)
+    return sse({"status": status, "label": label}, event="status")
+
+
 async def event_stream(run_id: Any, after: int, *, max_seconds: float = MAX_SECONDS) -> AsyncIterator[str]:
     """The run's events after id ``after`` as Server-Sent Events, then each one as it commits,
     with the model's text deltas between them; ends (``event: end``) once the run is finished and
-    every event was sent, or after ``max_seconds`` (the client reconnects from its last id)."""
+    every event was sent, or after ``max_seconds`` (the client reconnects from its last id).
+    First the text of the turn in progress so far (``event: delta`` with ``"so_far": true``), and
+    ``event: status`` at the start and whenever the run's status changed (read with its events)."""
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + max_seconds
     sub = await hub().subscribe(run_id)  # before the first read: a commit after it wakes us
+    status_sent: str | None = None
     try:
         yield "retry: 1000\n\n"
+        # Read after subscribing: a piece written since is in the subscription, and skipped
+        # below if the kept text already held it (its end is not past the kept text's).
+        kept = await sync_to_async(_text_so_far)(run_id)
+        held = (kept["turn"], kept["attempt"], kept["end"]) if kept else None
+        if kept is not None:
+            yield sse({"turn": kept["turn"], "attempt": kept["attempt"], "text": kept["text"], "so_far": True},
+                      event="delta")
         while True:
             rows, status, terminal = await sync_to_async(_read)(run_id, after)
             for row in rows:
@@ -400,12 +435,19 @@ async def event_stream(run_id: Any, after: int, *, max_seconds: float = MAX_SECO
                 yield sse(row, event=row["type"], id=row["id"])
             if len(rows) == PAGE:
                 continue
+            if status != status_sent and status is not None:
+                status_sent = status
+                yield status_event(status)
             if terminal:
                 yield sse({"status": status}, event="end")
                 return
             while True:
                 item = await sub.wait(max(0.0, min(KEEPALIVE, ends_at - loop.time())))
                 if isinstance(item, dict):  # the model's text: sent as it comes, not stored, no id
+                    end = item.get("end")
+                    if held is not None and (item.get("turn"), item.get("attempt")) == held[:2] \
+                            and isinstance(end, int) and end <= held[2]:
+                        continue  # in the text so far, sent already
                     yield sse({k: item.get(k) for k in ("turn", "attempt", "text")}, event="delta")
                     continue
                 if item is None:

@@ -1,0 +1,49 @@
+"""Scripted, streamed agents for the tests of the run's live page (issue 33, item 4): slow enough
+that a test sees each status while the text is being written, and reloads a page mid-turn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nexo_django import Agent
+from nexo_django.errors import ModelError
+from nexo_django.testing import ScriptedModel, reply, tool_call
+
+#: What the Narrator says in its first turn (with a write that waits for a person), then its second.
+STORY = ("Once upon a time a worker wrote this story one word at a time, slowly, so that a page "
+         "far away could show every word the moment it was written, and a reader who came late "
+         "would still read it from the start. ")
+ENDING = "And the person said yes, and the story ended here, one word at a time, as it began. "
+#: Seconds between two words: about three seconds a turn.
+WORD = 0.1
+
+
+class Narrator(Agent):
+    """Scripted, streamed: tells STORY and asks to write it (approve mode), then tells ENDING."""
+
+    model = ScriptedModel([[reply(STORY), tool_call("write", path="story.txt", content="story")], reply(ENDING)],
+                          stream=True, stream_delay=WORD)
+    sandbox = "virtual"
+    permissions = "approve"
+
+
+class Rambler(Agent):
+    """Scripted, streamed: talks for about six seconds (long enough to be cancelled meanwhile)."""
+
+    model = ScriptedModel([reply(STORY * 2)], stream=True, stream_delay=WORD)
+    sandbox = "virtual"
+
+
+class _Dropped(ScriptedModel):
+    """Scripted: streams its turn's text, then fails as a provider that drops the connection."""
+
+    def complete(self, messages: list[dict], tools: list[dict], **kwargs: Any) -> Any:
+        super().complete(messages, tools, **kwargs)
+        raise ModelError("scripted: the provider closed the connection mid-answer")
+
+
+class Stumbler(Agent):
+    """Scripted, streamed: writes STORY, then its provider fails: the run fails."""
+
+    model = _Dropped([reply(STORY)], stream=True, stream_delay=WORD / 2)
+    sandbox = "virtual"
