@@ -4,7 +4,7 @@
 When a run suspends, every active user who may decide (``nexo_django.decide_toolcall`` directly,
 through a group, or as a superuser) and has an email address gets one email through Django's mail
 framework: the agent, the run's prompt, each waiting call's tool and arguments (shortened, hidden
-characters shown, HTML escaped), its deadline and the absolute link to its decision page. Opening
+characters shown; escaped in the HTML part, as written in the plain text), its deadline and the absolute link to its decision page. Opening
 the link decides nothing (mail scanners open links): the page needs a login, and only its POST
 buttons decide. With ``SELF_APPROVAL`` off the person who started the run is not asked.
 
@@ -95,15 +95,18 @@ def _deadline(at: datetime | None) -> str:
 
 def message_parts(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> tuple[str, str, str]:
     """Subject, plain text and HTML of the notice. Model-produced text (prompt, tool names,
-    arguments) is shortened, its hidden and direction-changing characters shown as markers, and
-    HTML-escaped in both parts, so it cannot pass for the email's own lines or links."""
+    arguments) is shortened and its hidden and direction-changing characters shown as markers; in
+    the plain text the prompt is quoted and each call's arguments stay on one line, so none of it
+    can pass for the notice's own lines; in the HTML it is escaped. (The plain text is not
+    HTML-escaped: a mail reader shows it as it is, ``&quot;`` and all.)"""
     agent = _one_line(run.agent_name)
     lead = "Reminder: " if reminder else ""
     subject = _short(f"{lead}{agent} run {str(run.pk)[:8]} waits for your approval ({len(calls)} call"
                      f"{'s' if len(calls) != 1 else ''})", 150)
-    prompt = html.escape(_short(mark_hidden(run.prompt, keep="\n"), PROMPT_CHARS))
+    prompt = _short(mark_hidden(run.prompt, keep="\n"), PROMPT_CHARS)
+    first = f"{lead}{agent} ({_one_line(run.agent)}) waits for a decision."
     lines = [
-        f"{lead}{agent} ({html.escape(_one_line(run.agent))}) waits for a decision.",
+        first,
         "",
         "Prompt:",
         # Quoted: no line of the model's or the user's text can pass for one of the notice's own.
@@ -112,18 +115,20 @@ def message_parts(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> tu
     ]
     items = []
     for index, call in enumerate(calls, 1):
-        name = html.escape(_one_line(call.name))
-        args = html.escape(_short(mark_hidden(json.dumps(call.args, ensure_ascii=False, default=str)), ARGS_CHARS))
+        name = _one_line(call.name)
+        # JSON writes a newline inside a string as \\n: the arguments are one line.
+        args = _short(mark_hidden(json.dumps(call.args, ensure_ascii=False, default=str)), ARGS_CHARS)
         url = decision_url(call)
         lines += [f"{index}. {name} {args}", f"   Deadline: {_deadline(call.expires_at)}", f"   Decide: {url}", ""]
         items.append(
-            f"<li><strong>{name}</strong> <code>{args}</code><br>Deadline: {_deadline(call.expires_at)}<br>"
+            f"<li><strong>{html.escape(name)}</strong> <code>{html.escape(args)}</code><br>"
+            f"Deadline: {_deadline(call.expires_at)}<br>"
             f'<a href="{html.escape(url)}">Open the decision page</a></li>'
         )
     lines.append("The link opens the call's page; nothing is decided until you press a button there.")
     text = "\n".join(lines)
     body = (
-        f"<p>{lines[0]}</p><p>Prompt:</p><pre>{prompt}</pre><ol>{''.join(items)}</ol>"
+        f"<p>{html.escape(first)}</p><p>Prompt:</p><pre>{html.escape(prompt)}</pre><ol>{''.join(items)}</ol>"
         "<p>The link opens the call's page; nothing is decided until you press a button there.</p>"
     )
     return subject, text, body

@@ -108,13 +108,27 @@ def test_model_text_is_escaped_shortened_and_cannot_forge_lines(people: dict[str
     tmp_path.mkdir(exist_ok=True)
     Scribe.run(prompt, cwd=tmp_path, model=model)
     message = mailoutbox[0]
-    for part in (message.body, message.alternatives[0][0], message.subject):
-        assert SCRIPT not in part and RLO not in part
-    assert "&lt;script&gt;" in message.body and "⟦U+202E⟧" in message.body
+    for part in (message.body, message.alternatives[0][0]):
+        assert RLO not in part and "⟦U+202E⟧" in part
+    assert RLO not in message.subject and SCRIPT not in message.subject
+    # Escaped in the HTML part; the plain text part shows the text as written (quoted), not escaped.
+    assert SCRIPT not in message.alternatives[0][0] and "&lt;script&gt;" in message.alternatives[0][0]
+    assert f"> {SCRIPT}" in message.body and "&lt;" not in message.body and "&quot;" not in message.body
     assert "x" * 400 not in message.body  # shortened
     # The prompt is quoted and the arguments stay on one line: none passes for the notice's own link.
     links = [line for line in message.body.splitlines() if line.strip().startswith("Decide:")]
     assert len(links) == 1 and links[0].strip().startswith(f"Decide: {SITE}/")
+
+
+@pytest.mark.usefixtures("notices")
+def test_the_plain_text_part_is_not_html_escaped(people: dict[str, Any], mailoutbox: list[Any], tmp_path: Path) -> None:
+    tmp_path.mkdir(exist_ok=True)
+    Scribe.run("Write notes & more", cwd=tmp_path)
+    message = mailoutbox[0]
+    assert '1. write {"path": "notes.txt", "content": "hi"}' in message.body
+    assert "> Write notes & more" in message.body and "&amp;" not in message.body
+    html_part = message.alternatives[0][0]
+    assert "{&quot;path&quot;: &quot;notes.txt&quot;" in html_part and "notes &amp; more" in html_part
 
 
 @pytest.mark.usefixtures("notices")
