@@ -28,7 +28,15 @@ TOOLS = (("write", "write"), ("shell", "shell"))
 def make_run_with_calls(calls: int, *, agent: str, user: Any = None) -> Any:
     """A suspended run of one turn of ``calls`` calls, inserted in bulk: the first half succeeded
     (each with its result message), the rest wait for a decision; one ``tool_call`` event each."""
-    from nexo_django.models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall, args_digest
+    from nexo_django.models import (
+        AgentRun,
+        CallStatus,
+        RunEvent,
+        RunMessage,
+        RunStatus,
+        ToolCall,
+        args_digest,
+    )
 
     run = AgentRun.objects.create(agent=agent, prompt="Tidy the notes.", status=RunStatus.SUSPENDED, created_by=user)
     done = calls // 2

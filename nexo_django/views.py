@@ -34,13 +34,28 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.generic import DetailView, ListView
 
-from .bounded import BLOCK_BYTES, MESSAGE_BYTES, bounded_json, bounded_text, long_strings, message_view
+from . import run_pages
+from .bounded import (
+    BLOCK_BYTES,
+    MESSAGE_BYTES,
+    bounded_json,
+    bounded_text,
+    long_strings,
+    message_view,
+)
 from .core.errors import AlreadyDecided, FollowUpRefused, InvalidEditedArguments, StaleDecision
 from .display import is_hidden
-from . import run_pages
 from .durable import live, runs
 from .durable.queue_health import queue_warning
-from .models import ACTIVE_RUN_STATUSES, AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall
+from .models import (
+    ACTIVE_RUN_STATUSES,
+    AgentRun,
+    CallStatus,
+    RunEvent,
+    RunMessage,
+    RunStatus,
+    ToolCall,
+)
 
 #: Runs of a conversation a run's page lists at most (the ones nearest the run shown).
 CONVERSATION_LIMIT = 50

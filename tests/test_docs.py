@@ -56,3 +56,15 @@ def _run_page(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
             exec(code, namespace)
         except Exception as exc:  # name the page and block in the failure
             raise AssertionError(f"{page.name}, python block {number} failed: {exc!r}") from exc
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_follow_up_example_runs_in_manage_py_shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/durable-runs.md's follow-up, pasted into ``manage.py shell`` (``shell -c``, in this
+    process): its agent class is defined where nothing can import it by its path."""
+    from django.core.management import call_command
+
+    [block] = [m.group(1) for m in BLOCK.finditer((DOCS / "durable-runs.md").read_text()) if ".follow_up(" in m.group(1)]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NEXO_MODEL", raising=False)
+    call_command("shell", command=block + "\nprint('follow-up:', second.result)")

@@ -25,6 +25,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 
+from .. import run_pages
 from ..bounded import (
     bounded_json,
     bounded_text,
@@ -34,7 +35,6 @@ from ..bounded import (
 )
 from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
 from ..display import is_hidden, json_diff, json_for_editor, mark_hidden, reveal
-from .. import run_pages
 from ..durable import dispatch, runs
 from ..models import AgentRun, CallStatus, Decision, RunStatus, ToolCall, args_digest
 from ..views import conversation_entries, neighbours

@@ -17,6 +17,7 @@ from django.conf import settings
 
 from ..conf import nexo_settings
 from ..core.agent import Agent as CoreAgent
+from . import agent_classes
 
 if TYPE_CHECKING:
     from ..models import AgentRun
@@ -27,6 +28,10 @@ AGENT_SETTINGS = ("MODEL", "PROVIDERS", "LIMITS", "PROTECTED_NAMES", "SEARCH_BAC
 
 class Agent(CoreAgent):
     """Declare an agent by subclassing; see docs/agents.md."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        agent_classes.remember(cls)  # found again by its path in this process, even from a shell
 
     def configuration(self) -> Mapping[str, Any]:
         return {name: getattr(nexo_settings, name) for name in AGENT_SETTINGS}

@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from ..core.errors import ConfigurationError, FollowUpRefused
 from ..core.llm.base import Message
 from ..models import EVENT_COLUMNS, MESSAGE_COLUMNS, AgentRun, RunEvent, RunMessage, RunStatus
-from . import dispatch, runs, sql
+from . import agent_classes, dispatch, runs, sql
 
 if TYPE_CHECKING:
     from ..core.agent import Agent
@@ -82,7 +81,7 @@ def _store(earlier: AgentRun, prompt: str, user: Any, *, later: bool) -> AgentRu
     the virtual sandbox's files are the earlier run's; a local sandbox must still be the folder
     the conversation started in (``build_agent`` checks its pin)."""
     try:
-        cls: type[Agent] = import_string(earlier.agent)
+        cls: type[Agent] = agent_classes.agent_class(earlier.agent)
     except ImportError as exc:
         raise ConfigurationError(f"run {earlier.pk}: cannot import agent {earlier.agent!r}: {exc}") from exc
     runs._check_user(cls, "follow_up", user)

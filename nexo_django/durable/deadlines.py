@@ -7,10 +7,9 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from django.utils.module_loading import import_string
-
 from ..conf import as_timedelta, nexo_settings
 from ..core.agent import FROM_SETTINGS, ON_TIMEOUT
+from . import agent_classes
 
 log = logging.getLogger("nexo_django.expiry")
 
@@ -32,7 +31,7 @@ def on_timeout_of(agent_path: str) -> str:
     """The agent's ``on_timeout``; "deny" when the class cannot be imported any more (the safe
     choice: the call is not run, and the model hears why)."""
     try:
-        value = getattr(import_string(agent_path), "on_timeout", "deny")
+        value = getattr(agent_classes.agent_class(agent_path), "on_timeout", "deny")
     except ImportError:
         log.warning("expiry: cannot import %s; its expired calls are denied", agent_path)
         return "deny"

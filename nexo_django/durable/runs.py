@@ -18,7 +18,6 @@ from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from ..conf import nexo_settings
 from ..core.agent import open_calls
@@ -55,7 +54,7 @@ from ..models import (
 )
 from ..signals import approval_decided, approval_requested, run_status_changed
 from ..storable import UnstorableValue
-from . import dispatch, notify, rules, sql
+from . import agent_classes, dispatch, notify, rules, sql
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
 if TYPE_CHECKING:
@@ -222,7 +221,7 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
 def build_agent(run: AgentRun) -> Agent:
     """Rebuild the run's agent from what the database holds."""
     try:
-        cls = import_string(run.agent)
+        cls = agent_classes.agent_class(run.agent)
     except ImportError as exc:
         raise ConfigurationError(f"run {run.pk}: cannot import agent {run.agent!r}: {exc}") from exc
     options = {k: v for k, v in run.options.items() if not k.startswith("_")}  # "_live", WORKSPACE_PIN
