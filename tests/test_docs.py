@@ -68,3 +68,10 @@ def test_the_follow_up_example_runs_in_manage_py_shell(tmp_path: Path, monkeypat
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("NEXO_MODEL", raising=False)
     call_command("shell", command=block + "\nprint('follow-up:', second.result)")
+
+
+def test_the_admin_examples_declare_their_agents() -> None:
+    """docs/admin.md's examples are pasted into a reader's project, which has no
+    ``example_project``: they declare the agents they use."""
+    for match in BLOCK.finditer((DOCS / "admin.md").read_text()):
+        assert "example_project" not in match.group(1)

@@ -201,6 +201,14 @@ def test_a_new_project_follows_the_readme_to_an_approved_run(
     save(browser, "tutorial-run-done.png")
     assert (root / "workspace" / "hello.txt").read_text() == "Hello from Scribe.\n"
 
+    # A follow-up from the run's page: answered by the script's third turn (no ModelError).
+    browser.find_element(By.ID, "follow-up-prompt").send_keys("Thanks. Anything else?")
+    browser.find_element(By.ID, "follow-up").click()
+    wait.until(lambda d: d.current_url != run_page and d.find_elements(By.ID, "run-status"))
+    wait.until(lambda d: d.find_element(By.ID, "run-status").get_attribute("data-status") in ("done", "failed"))
+    assert browser.find_element(By.ID, "run-status").get_attribute("data-status") == "done"
+    assert browser.find_element(By.ID, "run-result").text.startswith("(scripted) That is all my script holds")
+
     # No warning the tutorial does not explain: the one it names (no API key) and nothing else.
     checked = run("python manage.py check", root, clean_env())
     found = set(re.findall(r"\((\w+\.[EW]\d+)\)", checked.stdout + checked.stderr))
