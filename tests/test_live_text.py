@@ -70,7 +70,9 @@ def test_a_redis_that_does_not_answer_costs_the_run_one_timeout_scripted(setting
             while True:
                 silent.accept()[0].close()
                 tried += 1
-    assert tried == (0 if connection.vendor == "postgresql" else 1)
+    # One try on either database: the text so far is kept on the queue's Redis (on PostgreSQL the
+    # pieces themselves go by NOTIFY), and after the timeout nothing is tried for a while.
+    assert tried == 1
 
 
 def test_an_inline_run_hands_its_text_to_the_streams_of_its_own_process_scripted() -> None:

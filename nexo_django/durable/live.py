@@ -85,16 +85,20 @@ def publish_delta(run_id: Any, turn: int, attempt: int, text: str) -> None:
     :func:`delta_channel`. Never raises: live text is a courtesy, the transcript is the record."""
     if not text:
         return
-    payloads = [
-        {"run": str(run_id), "turn": turn, "attempt": attempt, "text": text[start : start + DELTA_CHARS]}
-        for start in range(0, len(text), DELTA_CHARS)
+    pieces = [text[start : start + DELTA_CHARS] for start in range(0, len(text), DELTA_CHARS)]
+    payloads: list[dict[str, Any]] = [
+        {"run": str(run_id), "turn": turn, "attempt": attempt, "text": piece} for piece in pieces
     ]
-    # Kept for a page opened mid-turn; each piece says where it ends in the kept text.
-    end = live_text.keep(run_id, turn, attempt, text)
+    # Kept for a page opened mid-turn (in this process for an inline queue, else on the queue's
+    # Redis); each piece says where it ends in the kept text.
+    if live_text.in_process():
+        end = live_text.keep_here(run_id, turn, attempt, text)
+    else:
+        end = _redis_publisher.keep(run_id, turn, attempt, text)
     if end is not None:
         at = end - live_text.size(text)
-        for payload in payloads:
-            at += live_text.size(payload["text"])
+        for payload, piece in zip(payloads, pieces, strict=True):
+            at += live_text.size(piece)
             payload["end"] = at
     channel = delta_channel()
     if channel == "postgresql":
@@ -134,6 +138,20 @@ class _RedisPublisher:
         except Exception as exc:  # redis.RedisError, OSError, a queue that cannot be built
             self.paused_until = time.monotonic() + REDIS_PAUSE
             log.debug("delta not sent to Redis (none for %s s): %s", REDIS_PAUSE, exc)
+
+    def keep(self, run_id: Any, turn: int, attempt: int, text: str) -> int | None:
+        """Keep ``text`` as the run's text so far on Redis (``live_text.keep_on``); its end, or
+        None (paused, or Redis did not answer: then nothing is sent for a while)."""
+        try:
+            with self.lock:
+                client = self._client()
+            if time.monotonic() < self.paused_until:
+                return None
+            return live_text.keep_on(client, run_id, turn, attempt, text)
+        except Exception as exc:  # redis.RedisError, OSError, a queue that cannot be built
+            self.paused_until = time.monotonic() + REDIS_PAUSE
+            log.debug("run %s: its text so far not kept (nothing sent for %s s): %s", run_id, REDIS_PAUSE, exc)
+            return None
 
     def _client(self) -> Any:
         """The client of the run queue's Redis; a new one (and no pause) when that changed."""

@@ -11,14 +11,15 @@ here, and a new stream sends it first. Kept where the run's worker and its pages
 
 Each piece's *end* (the kept text's size once it is added: bytes on Redis, characters in the
 process) goes with its delta, so a stream that sent the text so far skips the pieces it held.
-Never raises: live text is a courtesy, the transcript is the record.
+The worker's side is ``live.publish_delta``: on Redis through its publisher's client (the same
+timeout and pause as the pieces it publishes), here in the process otherwise. Live text is a
+courtesy, the transcript is the record.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 from . import dispatch
@@ -33,8 +34,6 @@ TTL = 600
 MAX_CHARS = 200_000
 #: Runs whose text one process keeps at most (an inline queue's process), the oldest dropped first.
 MAX_RUNS = 1_000
-REDIS_TIMEOUT = 1.0
-REDIS_PAUSE = 5.0
 
 # KEYS: the text, the turn's name; ARGV: the turn's name ("turn:attempt"), the piece, the TTL,
 # the most bytes kept. Returns the text's size in bytes once the piece is added (-1: not kept).
@@ -97,53 +96,22 @@ class _Local:
 _local = _Local()
 
 
-class _Redis:
-    """The worker's client of the queue's Redis for the kept text: a short timeout, no retry,
-    silent for a while after a failure (as ``live``'s publisher)."""
-
-    def __init__(self) -> None:
-        self.client: Any = None
-        self.queue: Any = None
-        self.script: Any = None
-        self.paused_until = 0.0
-        self.lock = threading.Lock()
-
-    def _client(self) -> Any:
-        queue = dispatch.get_queue()
-        if self.client is None or self.queue is not queue:
-            if self.client is not None:
-                self.client.connection_pool.disconnect()
-            self.client = dispatch.redis_with_timeout(REDIS_TIMEOUT, retries=False)
-            self.script = self.client.register_script(_APPEND)
-            self.queue, self.paused_until = queue, 0.0
-        return self.client
-
-    def add(self, run_id: str, turn: int, attempt: int, text: str) -> int | None:
-        try:
-            with self.lock:
-                self._client()
-                script = self.script
-            if time.monotonic() < self.paused_until:
-                return None
-            size = int(script(keys=_keys(run_id), args=[f"{turn}:{attempt}", text, TTL, MAX_CHARS * 4]))
-            return size if size >= 0 else None
-        except Exception as exc:  # redis.RedisError, OSError, a queue that cannot be built
-            self.paused_until = time.monotonic() + REDIS_PAUSE
-            log.debug("run %s: its text so far not kept (none for %s s): %s", run_id, REDIS_PAUSE, exc)
-            return None
+def in_process() -> bool:
+    """Whether the text is kept in this process (an inline queue), not on the queue's Redis."""
+    return _in_process()
 
 
-_redis = _Redis()
+def keep_here(run_id: Any, turn: int, attempt: int, text: str) -> int | None:
+    """Add ``text`` to the kept text of ``run_id``'s turn, in this process (a new turn or attempt
+    starts it afresh); returns the kept text's end, or None if it is not kept (too long)."""
+    return _local.add(str(run_id), turn, attempt, text) if text else None
 
 
-def keep(run_id: Any, turn: int, attempt: int, text: str) -> int | None:
-    """Add ``text`` to the kept text of ``run_id``'s turn (a new turn or attempt starts it
-    afresh); returns the kept text's end (see the module's docstring), or None if not kept."""
-    if not text:
-        return None
-    if _in_process():
-        return _local.add(str(run_id), turn, attempt, text)
-    return _redis.add(str(run_id), turn, attempt, text)
+def keep_on(client: Any, run_id: Any, turn: int, attempt: int, text: str) -> int | None:
+    """:func:`keep_here` on the queue's Redis through ``client`` (one script, one round trip;
+    the caller handles Redis errors). The end is in bytes."""
+    size = int(client.register_script(_APPEND)(keys=_keys(run_id), args=[f"{turn}:{attempt}", text, TTL, MAX_CHARS * 4]))
+    return size if size >= 0 else None
 
 
 def size(text: str) -> int:
