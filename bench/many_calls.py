@@ -121,8 +121,8 @@ def main() -> None:
         note(f"{calls} calls: inserted in {time.perf_counter() - start:.1f}s")
         for page, url in pages(run).items():
             median_ms, slowest_ms, size, queries = measure(client, url, args.renders)
-            figure(f"many_calls_{page}", db=db_label(), calls=calls, median_ms=median_ms, slowest_ms=slowest_ms,
-                   bytes=size, queries=queries)
+            figure("many_calls_page", page=page, db=db_label(), calls=calls, median_ms=median_ms,
+                   slowest_ms=slowest_ms, bytes=size, queries=queries)
 
 
 if __name__ == "__main__":

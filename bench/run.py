@@ -59,6 +59,8 @@ STEPS = [
     Step("inbox_sqlite", ["bench.inbox", "--db", "sqlite"], ["--sizes", "1000,10000", "--renders", "3"]),
     Step("inbox_postgres", ["bench.inbox", "--db", "postgres"], ["--sizes", "1000,10000", "--renders", "3"]),
     Step("decision_page_sqlite", ["bench.decision_page", "--db", "sqlite"], ["--renders", "2"]),
+    Step("many_calls_sqlite", ["bench.many_calls", "--db", "sqlite"], ["--renders", "2"]),
+    Step("many_calls_postgres", ["bench.many_calls", "--db", "postgres"], ["--renders", "2"]),
     # The peers (bench/peers.py, the `bench` extra), each timed in turn with nexo's cycle in one
     # process; the two targets' comparisons in 5 processes, their medians judged.
     Step("peers_sqlite_wal", ["bench.peers", "--nexo-db", "sqlite-wal-full", "--processes", "5"],

@@ -69,6 +69,11 @@ TARGETS = [
     Target("durable_loop_us_per_turn", {"figure": "durable_loop"}, "us_per_turn", "<=", 1000, ("db",)),
     Target("durable_loop_turn200_over_turn10", {"figure": "durable_loop"}, "growth", "<=", FLAT_GROWTH, ("db",)),
     Target("reconcile_round_ms_at_100k", {"figure": "reconcile", "runs": "100000"}, "median_ms", "<=", 5, ("db",)),
+    # A run's pages at 10,000 calls in one turn (bench/many_calls.py, issue 33).
+    Target("run_page_ms_at_10k_calls", {"figure": "many_calls_page", "calls": "10000"}, "median_ms", "<=", 1000,
+           ("db", "page")),
+    Target("run_page_bytes_at_10k_calls", {"figure": "many_calls_page", "calls": "10000"}, "bytes", "<=", 1_000_000,
+           ("db", "page")),
 ]  # fmt: skip
 
 #: Pages whose query count must be the same at 1k and at 100k pending calls.
