@@ -114,6 +114,12 @@ class ApprovalExpired(AlreadyDecided):
     """The call's approval request expired without a decision; it can no longer be decided."""
 
 
+class ApprovalRefused(TransitionError):
+    """An approval that could not act as approved (the call's path is one the sandbox refuses,
+    its file cannot be looked at): refused when it is made, so nothing is recorded. The message
+    says what happened in one sentence; deny the call instead."""
+
+
 class StaleDecision(TransitionError):
     """The decision was made on arguments that are not the ones stored (a stale page)."""
 
