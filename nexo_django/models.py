@@ -553,3 +553,16 @@ class ApprovalRuleChange(models.Model):
 
     def __str__(self) -> str:
         return f"rule #{self.rule_pk} {self.action} by {self.changed_by or 'nobody known'}"
+
+
+#: Where a decision came from (``Decision.source``), as the decision log and its export show it.
+#: docs/admin.md lists the same names (tests/admin/test_decision_sources.py checks it).
+DECISION_SOURCES: dict[str, str] = {
+    "admin": "the decision page in the admin (also reached from a notice's link)",
+    "admin-bulk": "the inbox's bulk actions",
+    "json": "the JSON endpoint runs/<id>/calls/<call>/decide/",
+    "api": "Python: call.approve(), call.deny(), aapprove(), adeny()",
+    "resume": "Python: run.resume(), every pending call of the run at once",
+    "rule": "a standing rule",
+    "expiry": "nobody decided in time (the reconciler)",
+}

@@ -25,7 +25,15 @@ from nexo_django.core.errors import ApprovalRefused
 from nexo_django.core.sandboxes.local import LocalSandbox
 from nexo_django.models import ApprovalRule, CallStatus, Decision, RunStatus, ToolCall, Verdict
 from nexo_django.testing import ScriptedModel, reply, tool_call
-from tests.admin.support import DECISIONS, INBOX, client_for, csrf_post, decision_url, make_user, page_digest
+from tests.admin.support import (
+    DECISIONS,
+    INBOX,
+    client_for,
+    csrf_post,
+    decision_url,
+    make_user,
+    page_digest,
+)
 from tests.durable_agents import Scribe
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
