@@ -161,7 +161,9 @@ def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
             for c in pending
         ],
         "updated_at": run.updated_at.isoformat(),
-        "version": f"{run.status}:{messages}:{len(pending)}:{run.updated_at.isoformat()}",
+        # A call passing its deadline changes the page too (it reads expired, reconciled or not).
+        "version": f"{run.status}:{messages}:{len(pending)}:{sum(outcomes.is_expired(c) for c in pending)}:"
+                   f"{run.updated_at.isoformat()}",
     }
 
 

@@ -4,6 +4,10 @@ A rule is created by a person with the decide permission (here, or from a call's
 Django's admin log records who and when, and the rule keeps ``created_by``/``created_at``. The
 list shows how many calls each rule decided. A rule that decided something cannot be deleted (its
 decisions point at it and are immutable): disable it instead.
+
+Whoever saves a rule here becomes ``changed_by``, one of its authors (four eyes: a rule does not
+approve its authors' runs); every change is recorded with what the rule said before and after,
+and listed on the rule's page (:mod:`nexo_django.durable.rule_history`).
 """
 
 from __future__ import annotations

@@ -53,11 +53,11 @@ def bind(call: ToolCall, args: Any, *, build: Callable[[], Agent], shown: str | 
     try:
         if call.name == "write":
             agent.workspace.check_writable(path)
-        else:
-            agent.workspace.normalize(path)
+        # Looked at through the sandbox (a link out of the workspace is refused here too).
+        now = agent.workspace.version(path)
         if call.name != "write" or shown is not None:
             return shown
-        return agent.workspace.version(path) or ""
+        return now or ""
     except SecurityError as exc:
         raise ApprovalRefused(f"{what} cannot be approved: the sandbox refuses {path!r} ({exc}), so it "
                               "could never run; deny it instead") from exc

@@ -77,6 +77,17 @@ def test_past_its_deadline_every_page_says_expired_before_the_reconciler_runs_sc
     assert pending["expired"] is True and pending["expires_at"]
 
 
+def test_a_polling_page_sees_the_deadline_pass_scripted(tmp_path: Path) -> None:
+    ann = approver()
+    run = Hurried.run("write", cwd=tmp_path, user=ann)
+    client = client_for(ann)
+    before = client.get(f"/runs/{run.pk}/status/").json()
+    ToolCall.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))
+    after = client.get(f"/runs/{run.pk}/status/").json()
+    assert [p["expired"] for p in (before["pending"] + after["pending"])] == [False, True]
+    assert before["version"] != after["version"]  # the page reloads and shows it expired
+
+
 def test_pressing_approve_past_the_deadline_says_it_expired_in_one_sentence_scripted(tmp_path: Path) -> None:
     ann = approver()
     run = Hurried.run("write", cwd=tmp_path)

@@ -217,3 +217,17 @@ def test_edited_arguments_are_bound_to_the_file_they_name_scripted(tmp_path: Pat
     run.refresh_from_db()
     assert run.status == RunStatus.DONE and (tmp_path / "other.txt").read_text() == "edited"
     assert Decision.objects.get().verdict == Verdict.APPROVED
+
+
+def test_a_write_through_a_link_out_of_the_workspace_is_refused_at_decision_time_scripted(tmp_path: Path) -> None:
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    workspace.mkdir()
+    outside.mkdir()
+    (outside / "key").write_text("secret")
+    (workspace / "docs").symlink_to(outside)
+    model = ScriptedModel([tool_call("write", path="docs/key", content="owned"), reply("Done.")])
+    run = Scribe.run("write", cwd=workspace, model=model)
+    [call] = run.pending_calls()
+    with pytest.raises(ApprovalRefused, match="cannot be approved: the sandbox refuses 'docs/key'"):
+        call.approve(by=_approver())
+    assert (outside / "key").read_text() == "secret" and not Decision.objects.exists()
