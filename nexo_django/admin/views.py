@@ -280,6 +280,8 @@ def edit_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id
     if call is None:
         messages.warning(request, "That call is no longer waiting for a decision (it was decided, or its run ended).")
         return HttpResponseRedirect(_changelist_url(model_admin))
+    if outcomes.is_expired(call):  # nothing to edit towards: its decision page says it expired
+        return HttpResponseRedirect(model_admin.call_url(call.pk))
     text = _editor_text(call)
     form = model_admin.get_decision_form(request, call, initial={"digest": call.digest, "edited_args": text or ""})
     return _edit_page(model_admin, request, call, form, editable=text is not None)

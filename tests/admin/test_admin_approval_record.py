@@ -69,6 +69,7 @@ def test_past_its_deadline_every_page_says_expired_before_the_reconciler_runs_sc
     assert 'id="expired"' in page and "expired at" in page and "without a decision" in page
     assert 'value="approve"' not in page and 'value="deny"' not in page and 'id="approve-always"' not in page
     assert "then it expires" not in page  # no deadline in the future tense
+    assert client.get(f"{decision_url(call)[:-len('change/')]}edit/")["Location"].endswith(decision_url(call))
     run_page = client.get(run_url(call.run)).content.decode()
     assert 'class="nexo-expired"' in run_page and "decide…" not in run_page
     public = client.get(f"/runs/{call.run_id}/").content.decode()
