@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AlreadyDecided", "ApprovalRequired", "ConfigurationError", "Denied", "FollowUpRefused", "InvalidEditedArguments", "LeaseLost", "MaxTurnsExceeded", "ModelError", "NexoError", "PendingCall", "SecurityError", "StaleDecision", "TokenBudgetExceeded", "ToolArgumentError", "TransitionError"]
+__all__ = ["AlreadyDecided", "ApprovalExpired", "ApprovalRefused", "ApprovalRequired", "ConfigurationError", "Denied", "FollowUpRefused", "InvalidEditedArguments", "LeaseLost", "MaxTurnsExceeded", "ModelError", "NexoError", "PendingCall", "SecurityError", "StaleDecision", "TokenBudgetExceeded", "ToolArgumentError", "TransitionError"]
 
 
 class NexoError(Exception):
