@@ -37,9 +37,9 @@ from django.views.generic import DetailView, ListView
 from .bounded import bounded_json, bounded_text, long_strings, message_view
 from .core.errors import AlreadyDecided, FollowUpRefused, InvalidEditedArguments, StaleDecision
 from .display import is_hidden
-from .durable import live, runs
+from .durable import live, runs, workflow_runs
 from .durable.queue_health import queue_warning
-from .models import ACTIVE_RUN_STATUSES, AgentRun, RunEvent, RunStatus, ToolCall
+from .models import ACTIVE_RUN_STATUSES, AgentRun, RunEvent, RunKind, RunStatus, ToolCall
 
 #: Runs of a conversation a run's page lists at most (the ones nearest the run shown).
 CONVERSATION_LIMIT = 50
@@ -152,6 +152,8 @@ def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
         ],
         "updated_at": run.updated_at.isoformat(),
         "version": f"{run.status}:{messages}:{len(pending)}:{run.updated_at.isoformat()}",
+        # A workflow run: its steps, open questions and its agents' waiting calls.
+        **(workflow_runs.status_of(run) if run.kind == RunKind.WORKFLOW else {}),
     }
 
 

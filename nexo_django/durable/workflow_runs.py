@@ -604,3 +604,31 @@ def wake_forgotten(since: datetime | None) -> list[str]:
 
 def steps_of(run: AgentRun) -> list[WorkflowStep]:
     return list(WorkflowStep.objects.filter(run_id=run.pk).select_related("child_run", "answered_by").order_by("seq"))
+
+
+#: stored JSON of a step's result served by the status endpoint (a bigger one: None, with its size)
+STATUS_RESULT_MAX = 256_000
+
+
+def status_of(run: AgentRun) -> dict[str, Any]:
+    """What the JSON status endpoint adds for a workflow run: its steps in order (each result up to
+    ``STATUS_RESULT_MAX`` of stored JSON), its open questions, and the calls its agents wait on."""
+    steps = list(WorkflowStep.objects.filter(run_id=run.pk).defer("result").select_related("answered_by").order_by("seq"))
+    small = {s.pk for s in steps if (s.result_size or 0) <= STATUS_RESULT_MAX}
+    results = dict(WorkflowStep.objects.filter(pk__in=small).values_list("pk", "result"))
+    return {
+        "kind": RunKind.WORKFLOW,
+        "result_json": decode_result(run) if run.status == RunStatus.DONE else None,
+        "steps": [
+            {"seq": s.seq, "name": s.name, "kind": s.kind, "status": s.status, "result": results.get(s.pk),
+             "result_size": s.result_size, "agent_run": str(s.child_run_id) if s.child_run_id else None,
+             "question": s.question if s.kind == StepKind.QUESTION else None,
+             "schema": s.schema if s.kind == StepKind.QUESTION else None,
+             "expires_at": s.expires_at.isoformat() if s.expires_at else None,
+             "answered_by": str(s.answered_by) if s.answered_by_id else None}
+            for s in steps
+        ],
+        "questions": [s.name for s in steps if s.kind == StepKind.QUESTION and s.status == StepStatus.WAITING],
+        "agent_calls": [{"id": c.pk, "run": str(c.run_id), "name": c.name, "tool_call_id": c.tool_call_id}
+                        for c in pending_calls(run)[:50]],
+    }
