@@ -17,7 +17,16 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from ..conf import nexo_settings
-from ..models import AgentRun, CallStatus, RunEvent, RunKind, RunMessage, RunStatus, ToolCall, WorkflowStep
+from ..models import (
+    AgentRun,
+    CallStatus,
+    RunEvent,
+    RunKind,
+    RunMessage,
+    RunStatus,
+    ToolCall,
+    WorkflowStep,
+)
 from . import dispatch, notify, parents, workflow_runs
 from .expiry import expire_overdue
 from .queue_health import queue_warning

@@ -11,7 +11,16 @@ import pytest
 from nexo_django import Workflow
 from nexo_django.admin.workflows import answer_field
 from nexo_django.models import RunStatus, StepStatus, WorkflowStep
-from tests.admin.support import INBOX, SCRIPT, approver, client_for, csrf_post, make_user, run_url, viewer
+from tests.admin.support import (
+    INBOX,
+    SCRIPT,
+    approver,
+    client_for,
+    csrf_post,
+    make_user,
+    run_url,
+    viewer,
+)
 from tests.workflows_for_tests import Ask, Release
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
