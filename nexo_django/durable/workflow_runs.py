@@ -43,6 +43,7 @@ from ..core.errors import (
 )
 from ..core.sandboxes import Sandbox, from_spec, make_sandbox
 from ..models import (
+    EVENT_COLUMNS,
     TERMINAL_RUN_STATUSES,
     AgentRun,
     CallStatus,
@@ -299,11 +300,24 @@ class Pass:
             self.saved = fields["workspace"]
 
     def _record(self, step: WorkflowStep) -> WorkflowStep:
-        with self._fenced() as now:
-            step.run, step.seq, step.workflow = self.run, self.cursor - 1, self.run.agent
-            step.created_at = step.updated_at = now
-            step.save(force_insert=True)
-            _event(self.run.pk, "step", name=step.name, kind=step.kind, status=step.status)
+        """One write transaction (one statement on PostgreSQL): the lease's fence and renewal,
+        the step, its event. Nothing is written if the run is no longer this pass's."""
+        now = timezone.now()
+        fields: dict[str, Any] = {"lease_expires_at": now + self.lease, "updated_at": now}
+        spec = self.workspace.spec() if self.workspace.kind == "virtual" else None
+        if spec is not None and spec != self.saved:
+            fields["workspace"] = spec
+        step.run, step.seq, step.workflow = self.run, self.cursor - 1, self.run.agent
+        step.created_at = step.updated_at = now
+        batch = sql.Batch()
+        batch.gate(AgentRun, {"id": self.run.pk, "status": RunStatus.RUNNING, "lease_owner": self.token}, fields)
+        batch.create([step])
+        batch.insert(RunEvent, EVENT_COLUMNS,
+                     [(self.run.pk, "step", {"name": step.name, "kind": step.kind, "status": step.status}, now)])
+        if not batch.run():
+            raise _Lost()
+        if "workspace" in fields:
+            self.saved = fields["workspace"]
         return step
 
     # The steps ------------------------------------------------------------------------------------
