@@ -111,6 +111,8 @@ class WorkflowRun:
         return cls(AgentRun.objects.get(pk=run_id, kind=RunKind.WORKFLOW))
 
     def __getattr__(self, name: str) -> Any:
+        if name == "agent_run":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.agent_run, name)
 
     def __eq__(self, other: object) -> bool:
