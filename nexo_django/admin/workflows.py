@@ -7,15 +7,27 @@ four eyes, the schema, once); posted with CSRF, checked in the view.
 
 from __future__ import annotations
 
+import csv
+import itertools
+import json
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseRedirect,
+    StreamingHttpResponse,
+)
+from django.http.response import HttpResponseBase
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -27,6 +39,7 @@ from ..core.errors import AlreadyDecided, InvalidAnswer, WorkflowError
 from ..display import mark_hidden
 from ..durable import workflow_runs
 from ..models import AgentRun, OpenQuestion, RunKind, StepKind, StepStatus, WorkflowStep
+from . import audit
 from .base import NexoModelAdmin
 
 #: characters of a checkpoint's result shown on a run's page
@@ -100,13 +113,29 @@ class OpenQuestionAdmin(NexoModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if request.method == "POST":
             raise PermissionDenied  # no bulk answers: each answer is its own form
-        return super().changelist_view(request, {"title": "Questions from workflows", **(extra_context or {})})
+        response = super().changelist_view(request, {"title": "Questions from workflows", **(extra_context or {})})
+        if request.method == "GET":
+            export = reverse(f"{self.admin_site.name}:nexo_django_openquestion_export", args=["csv"])
+            messages.info(request, format_html(
+                'Every question asked, with its answer and who gave it: <a href="{}" id="answers-csv">CSV</a> · '
+                '<a href="{}" id="answers-json">JSON</a>.', export, export.replace("/csv/", "/json/")))
+        return response
 
     @method_decorator(xframe_options_deny)
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         return answer_view(self, request, object_id)
+
+    def export_view(self, request: HttpRequest, fmt: str) -> HttpResponseBase:
+        return answers_export_view(self, request, fmt)
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("export/<str:fmt>/", wrap(self.export_view), name="nexo_django_openquestion_export"),
+            *super().get_urls(),
+        ]
 
 
 def answer_view(model_admin: OpenQuestionAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -197,3 +226,53 @@ def announce_questions(model_admin: Any, request: HttpRequest) -> None:
             '{} question{} from workflows wait{} for an answer: <a href="{}" id="open-questions">answer them</a>.',
             waiting, "s" if waiting != 1 else "", "" if waiting != 1 else "s", url,
         ))
+
+
+# --- the answers log, downloadable ---------------------------------------------------------------
+
+#: the columns of the answers log (every question asked: answered, ended unanswered, waiting)
+ANSWER_COLUMNS = ("asked_at", "run", "workflow", "key", "question", "status", "answer", "answered_by",
+                  "answered_at", "expires_at")
+
+
+def answer_row(step: WorkflowStep) -> dict[str, Any]:
+    return {
+        "asked_at": step.created_at.isoformat(),
+        "run": str(step.run_id),
+        "workflow": step.workflow,
+        "key": step.name,
+        "question": step.question,
+        "status": step.status,
+        "answer": step.result if step.status == StepStatus.ANSWERED else None,
+        "answered_by": str(step.answered_by) if step.answered_by_id else "",
+        "answered_at": step.answered_at.isoformat() if step.answered_at else None,
+        "expires_at": step.expires_at.isoformat() if step.expires_at else None,
+    }
+
+
+def answers_export_view(model_admin: Any, request: HttpRequest, fmt: str) -> HttpResponseBase:
+    """Every question of every workflow, oldest first, with its answer and who gave it (or that it
+    ended unanswered), as CSV or JSON, streamed; cells a spreadsheet would run as a formula are
+    prefixed with ``'`` (as the decision log's export does)."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    if fmt not in ("csv", "json"):
+        return HttpResponseBadRequest("export as csv or json")
+    steps = (WorkflowStep.objects.filter(kind=StepKind.QUESTION).select_related("answered_by")
+             .order_by("created_at", "id").iterator(chunk_size=audit.CHUNK))
+    rows = (answer_row(step) for step in steps)
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    response: StreamingHttpResponse
+    if fmt == "csv":
+        writer = csv.writer(audit._Line())
+        lines = itertools.chain([writer.writerow(ANSWER_COLUMNS)],
+                                (writer.writerow([audit._cell(r[c]) for c in ANSWER_COLUMNS]) for r in rows))
+        response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
+    else:
+        chunks = itertools.chain(["["], (("\n" if i == 0 else ",\n") + json.dumps(r, ensure_ascii=False, default=str)
+                                         for i, r in enumerate(rows)), ["\n]\n"])
+        response = StreamingHttpResponse(chunks, content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="nexo-answers-{stamp}.{fmt}"'
+    return response

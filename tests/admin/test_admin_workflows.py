@@ -3,6 +3,7 @@ schema (CSRF POST, the decide permission), a workflow run's steps on its page. S
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,16 @@ def test_answer_fields_follow_the_schema() -> None:
     assert type(answer_field({"type": "integer"})).__name__ == "IntegerField"
     assert type(answer_field({"type": "object"})).__name__ == "JSONField"
     assert type(answer_field(None)).__name__ == "JSONField"
+
+
+def test_the_answers_log_exports_every_question_with_its_answer_and_who_gave_it(counter: Path) -> None:
+    answered, waiting = Ask.run({}), Ask.run({})
+    answered.answer("channel", "mail", by=make_user("boss", "nexo_django.decide_toolcall"))
+    client = client_for(approver())
+    assert 'id="answers-csv"' in client.get(QUESTIONS).content.decode()
+    rows = json.loads(b"".join(client.get(f"{QUESTIONS}export/json/").streaming_content))
+    assert [(r["run"], r["status"], r["answer"], r["answered_by"]) for r in rows] == [
+        (str(answered.pk), "answered", "mail", "boss"), (str(waiting.pk), "waiting", None, "")]
+    lines = b"".join(client.get(f"{QUESTIONS}export/csv/").streaming_content).decode().splitlines()
+    assert lines[0].startswith("asked_at,run,workflow,key,question,status,answer,answered_by")
+    assert f"{answered.pk},tests.workflows_for_tests.Ask,channel,Where should this go?,answered,mail,boss" in lines[1]
