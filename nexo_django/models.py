@@ -573,6 +573,8 @@ class WorkflowStep(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     answered_at = models.DateTimeField(null=True, blank=True)
+    #: When the approvers were emailed about a question (claimed by a compare-and-set).
+    notified_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     result_size = stored_size("result")

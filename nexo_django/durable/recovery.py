@@ -27,7 +27,7 @@ from ..models import (
     ToolCall,
     WorkflowStep,
 )
-from . import dispatch, notify, parents, workflow_runs
+from . import dispatch, notify, parents, question_notices, workflow_runs
 from .expiry import expire_overdue
 from .queue_health import queue_warning
 from .runs import transition, wake
@@ -87,6 +87,7 @@ def reconcile(
     # Calls past their deadline are expired (a decision each: their runs wake as decisions do).
     report.expired = expire_overdue(now) + workflow_runs.expire_questions(now)
     report.notified, report.reminded = notify.reconcile_notices(now)
+    report.notified += question_notices.reconcile_notices(now)
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
     _resend_lost_jobs(now - grace, report)
     _wake_forgotten(None if full else now - max(RECENT, 10 * grace), report)

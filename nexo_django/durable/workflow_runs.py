@@ -56,7 +56,7 @@ from ..models import (
     ToolCall,
     WorkflowStep,
 )
-from . import dispatch, parents, runs, sql
+from . import dispatch, parents, question_notices, runs, sql
 from .deadlines import deadline
 from .journal import Heartbeat, RunInterrupted, crash_point
 
@@ -489,6 +489,7 @@ def _close(run: AgentRun, token: str, new: str, event: str, data: dict[str, Any]
 def _suspend(run: AgentRun, token: str, step: WorkflowStep) -> str:
     if not _close(run, token, RunStatus.SUSPENDED, "suspended", {"waiting": step.name, "kind": step.kind}):
         return "lease lost"
+    question_notices.on_asked(step, timezone.now())
     # What it waits for may have ended while this pass ran (its waker found the run running):
     # looked at again now that the suspension is committed, so the wake-up is never lost.
     if not still_waiting(step.pk):
