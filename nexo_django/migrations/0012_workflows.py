@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('nexo_django', '0010_conversations'),
+        ('nexo_django', '0011_approvals'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
