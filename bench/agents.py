@@ -87,3 +87,14 @@ class Echoer(Agent):
     instructions = "Call echo once, then answer."
     permissions = "auto"
     tools = [echo]
+
+
+
+class Looker(Agent):
+    """An agent on the virtual sandbox that may only look (``glob``/``read`` ungated): given a
+    scripted model of ``glob`` turns, each is an agent turn through the durable journal, without a
+    person (the peer of a workflow step in bench.workflow)."""
+
+    sandbox = "virtual"
+    permissions = "read_only"
+    max_turns = 10_000

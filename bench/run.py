@@ -51,6 +51,8 @@ STEPS = [
          ["--cycles", "30"]),
     Step("approval_cycle_later_postgres", ["bench.approval_cycle", "--db", "postgres", "--start", "run_later"],
          ["--cycles", "30"]),
+    Step("workflow_step_sqlite_wal", ["bench.workflow", "--db", "sqlite-wal-full"], ["--steps", "20", "--repeat", "2"]),
+    Step("workflow_step_postgres", ["bench.workflow", "--db", "postgres"], ["--steps", "20", "--repeat", "2"]),
     Step("loop_overhead", ["bench.loop_overhead"], ["--runs", "5"]),
     Step("shell_confine", ["bench.shell_confine"], ["--calls", "20"]),
     Step("through_queue", ["bench.through_queue"], ["--samples", "10", "--runs", "20"]),

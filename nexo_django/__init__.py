@@ -10,6 +10,7 @@ from .core.agent import Reply
 from .core.permissions import Permissions
 from .core.tools import Tool, ToolContext, tool
 from .durable.agent import Agent
+from .durable.workflow import Workflow
 
 # nexo_django.errors gives the core's ConfigurationError Django's ImproperlyConfigured as a base.
 from .errors import (
@@ -31,6 +32,7 @@ __all__ = [
     "SecurityError",
     "Tool",
     "ToolContext",
+    "Workflow",
     "tool",
 ]
 

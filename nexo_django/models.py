@@ -103,6 +103,11 @@ class Verdict(models.TextChoices):
     DENIED = "denied"
 
 
+class RunKind(models.TextChoices):
+    AGENT = "agent"
+    WORKFLOW = "workflow"
+
+
 class AgentRun(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent = models.CharField(max_length=255, help_text="Dotted path of the Agent class.")
@@ -132,6 +137,14 @@ class AgentRun(models.Model):
     previous = models.OneToOneField(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="next_run",
         help_text="The run this one continues (a follow-up).",
+    )
+    #: "agent", or "workflow": then ``agent`` is the Workflow class's path and its steps are
+    #: ``WorkflowStep`` rows (``nexo_django.durable.workflow_runs``).
+    kind = models.CharField(max_length=10, choices=RunKind.choices, default=RunKind.AGENT)
+    #: The workflow run this agent run is a step of (``Workflow.run_agent``): its end wakes it.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children",
+        help_text="The workflow run this agent run is a step of.",
     )
 
     class Meta:
@@ -566,3 +579,83 @@ DECISION_SOURCES: dict[str, str] = {
     "rule": "a standing rule",
     "expiry": "nobody decided in time (the reconciler)",
 }
+
+
+class StepKind(models.TextChoices):
+    CHECKPOINT = "checkpoint"
+    AGENT = "agent"
+    QUESTION = "question"
+
+
+class StepStatus(models.TextChoices):
+    #: an agent step whose run has not ended, a question nobody answered yet
+    WAITING = "waiting"
+    DONE = "done"
+    FAILED = "failed"
+    ANSWERED = "answered"
+    #: a question past its deadline: recorded as "no answer"
+    EXPIRED = "expired"
+
+
+class WorkflowStep(models.Model):
+    """One named step of a workflow run, recorded once: a checkpoint's JSON result, an agent run
+    (``child_run``), or a question and its answer. Unique by name within a run; ``seq`` is the
+    order in which ``call`` reaches them (a resumed run must reach them in the same order)."""
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="steps", db_index=False)
+    seq = models.PositiveIntegerField()
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=12, choices=StepKind.choices)
+    status = models.CharField(max_length=12, choices=StepStatus.choices)
+    #: a checkpoint's return value, an agent's final text, a question's answer
+    result = StoredJSONField(null=True, blank=True)
+    child_run = models.ForeignKey(AgentRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    #: a question's text and the JSON Schema its answer must match
+    question = StoredTextField(blank=True, default="")
+    schema = StoredJSONField(null=True, blank=True)
+    #: copied from the run, so the inbox filters and four eyes read no join
+    workflow = models.CharField(max_length=255, blank=True, default="")
+    expires_at = models.DateTimeField(null=True, blank=True)
+    answered_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    answered_at = models.DateTimeField(null=True, blank=True)
+    #: When the approvers were emailed about a question (claimed by a compare-and-set).
+    notified_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    result_size = stored_size("result")
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="nexo_step_run_seq"),
+            models.UniqueConstraint(fields=["run", "name"], name="nexo_step_run_name"),
+        ]
+        indexes = [
+            # The inbox's open questions and the reconciler's overdue ones.
+            models.Index(fields=["kind", "status", "created_at"], name="nexo_step_kind_status"),
+            models.Index(fields=["status", "expires_at"], name="nexo_step_status_expires"),
+            models.Index(fields=["updated_at"], name="nexo_step_updated"),
+        ]
+
+    def __str__(self) -> str:
+        return mark_hidden(f"{self.kind} {self.name} ({self.status})")
+
+    @property
+    def key(self) -> str:
+        """A question's key (its step name)."""
+        return self.name
+
+    @property
+    def is_open(self) -> bool:
+        return self.kind == StepKind.QUESTION and self.status == StepStatus.WAITING
+
+
+class OpenQuestion(WorkflowStep):
+    """The questions of the approval inbox: workflow steps that wait for a person's answer."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "open question"
+        verbose_name_plural = "open questions"

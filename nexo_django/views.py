@@ -51,7 +51,7 @@ from .core.errors import (
     StaleDecision,
 )
 from .display import is_hidden
-from .durable import live, outcomes, runs
+from .durable import live, outcomes, runs, workflow_runs
 from .durable.queue_health import queue_warning
 from .jsonbody import BadJSON, request_json
 from .models import (
@@ -59,6 +59,7 @@ from .models import (
     AgentRun,
     CallStatus,
     RunEvent,
+    RunKind,
     RunMessage,
     RunStatus,
     ToolCall,
@@ -191,6 +192,8 @@ def run_status(run: AgentRun, *, operator: bool = True, pending_after: int | Non
         # A call passing its deadline changes the page too (it reads expired, reconciled or not).
         "version": f"{run.status}:{messages}:{pending_total}:{sum(outcomes.is_expired(c) for c in pending)}:"
                    f"{run.updated_at.isoformat()}",
+        # A workflow run: its steps, open questions and its agents' waiting calls.
+        **(workflow_runs.status_of(run) if run.kind == RunKind.WORKFLOW else {}),
     }
 
 

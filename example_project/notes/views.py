@@ -9,8 +9,10 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
 
 from example_project.notes.agents import AGENTS, SCRIBE_PROMPT
+from example_project.notes.workflows import PublishNotes
 from nexo_django.views import visible_runs
 
 
@@ -37,3 +39,14 @@ def home(request: HttpRequest) -> HttpResponse:
         return redirect("nexo_django:run_detail", pk=run.pk)
     runs = visible_runs(request.user).order_by("-created_at")[:10]
     return render(request, "notes/home.html", {"form": form, "runs": runs, "model": settings.NOTES_MODEL})
+
+
+@login_required
+@require_POST
+def start_workflow(request: HttpRequest) -> HttpResponse:
+    """Step 2b: start the PublishNotes workflow (docs/workflows.md); its page is the run page."""
+    workspace = Path(settings.NOTES_WORKSPACE)
+    workspace.mkdir(parents=True, exist_ok=True)
+    version = (request.POST.get("version") or "1.0").strip()[:20] or "1.0"
+    run = PublishNotes.run_later({"version": version, "model": settings.NOTES_MODEL}, user=request.user, cwd=workspace)
+    return redirect("nexo_django:run_detail", pk=run.pk)

@@ -35,7 +35,7 @@ from ..models import (
     RunStatus,
     ToolCall,
 )
-from . import audit, downloads, rules, targets, views
+from . import audit, downloads, rules, targets, views, workflows
 from .base import NexoModelAdmin
 from .filters import AgeFilter, AgentFilter, CapabilityFilter, RunAgentFilter, ToolFilter
 from .forms import DecisionForm
@@ -43,6 +43,8 @@ from .previews import CallPreview, call_preview
 
 #: registered on import, beside the inbox (rules are decisions made ahead of time)
 ApprovalRuleAdmin = rules.ApprovalRuleAdmin
+#: registered on import: the questions of workflows, beside the pending calls
+OpenQuestionAdmin = workflows.OpenQuestionAdmin
 
 
 # --- shared pieces ---------------------------------------------------------------------------------
@@ -171,6 +173,7 @@ class PendingApprovalAdmin(NexoModelAdmin):
         views.refuse_nul_in_query(request)
         if request.method == "GET":
             views.announce_needs_attention(self, request)
+            workflows.announce_questions(self, request)
         response = super().changelist_view(request, extra_context)
         context = getattr(response, "context_data", None) or {}
         cl = context.get("cl")

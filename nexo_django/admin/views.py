@@ -68,6 +68,7 @@ from .loading import (
     preview_shown,
     transcript_context,
 )
+from .workflows import workflow_context
 
 #: the inbox's and the run page's admins (``nexo_django.admin``), which import this module:
 #: named by their base here, with the hooks of their own reached as ``Any``
@@ -568,6 +569,7 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         "events_window": events_window,
         **transcript_context(model_admin, request, run),
         **_conversation_context(model_admin, request, run),
+        **workflow_context(model_admin, run),
     }
     return TemplateResponse(request, model_admin.detail_template, context)
 

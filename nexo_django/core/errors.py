@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AlreadyDecided", "ApprovalExpired", "ApprovalRefused", "ApprovalRequired", "ConfigurationError", "Denied", "FollowUpRefused", "InvalidEditedArguments", "LeaseLost", "MaxTurnsExceeded", "ModelError", "NexoError", "PendingCall", "SecurityError", "StaleDecision", "TokenBudgetExceeded", "ToolArgumentError", "TransitionError"]
+__all__ = ["AlreadyDecided", "ApprovalExpired", "ApprovalRefused", "ApprovalRequired", "ConfigurationError", "Denied", "FollowUpRefused", "InvalidAnswer", "InvalidEditedArguments", "LeaseLost", "MaxTurnsExceeded", "ModelError", "NexoError", "NoAnswer", "PendingCall", "SecurityError", "StaleDecision", "StepFailed", "TokenBudgetExceeded", "ToolArgumentError", "TransitionError", "WorkflowChanged", "WorkflowError"]
 
 
 class NexoError(Exception):
@@ -131,3 +131,26 @@ class InvalidEditedArguments(NexoError):
 class LeaseLost(NexoError):
     """This worker no longer owns the run (its lease expired and another took it, or it was
     cancelled); it stops without writing."""
+
+
+class WorkflowError(NexoError):
+    """A workflow's steps were used wrongly: a step name twice in one pass, a result that is not
+    JSON, an unknown question key."""
+
+
+class WorkflowChanged(WorkflowError):
+    """A workflow's code no longer reaches the steps its run recorded, in the same order: the run
+    cannot resume (it would feed a stored result to a different step)."""
+
+
+class StepFailed(WorkflowError):
+    """An agent run inside a workflow ended without a final answer (failed or cancelled)."""
+
+
+class InvalidAnswer(NexoError, ValueError):
+    """An answer to a workflow's question that does not match the question's JSON Schema (or is
+    not JSON). Nothing was recorded."""
+
+
+class NoAnswer(WorkflowError):
+    """A workflow's question expired without an answer (raised from ``ask`` in ``call``)."""

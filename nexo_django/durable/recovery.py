@@ -17,8 +17,17 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from ..conf import nexo_settings
-from ..models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall
-from . import dispatch, notify
+from ..models import (
+    AgentRun,
+    CallStatus,
+    RunEvent,
+    RunKind,
+    RunMessage,
+    RunStatus,
+    ToolCall,
+    WorkflowStep,
+)
+from . import dispatch, notify, parents, question_notices, workflow_runs
 from .expiry import expire_overdue
 from .queue_health import queue_warning
 from .runs import transition, wake
@@ -76,11 +85,13 @@ def reconcile(
     for run in expired:
         _recover_expired(run, now, report)
     # Calls past their deadline are expired (a decision each: their runs wake as decisions do).
-    report.expired = expire_overdue(now)
+    report.expired = expire_overdue(now) + workflow_runs.expire_questions(now)
     report.notified, report.reminded = notify.reconcile_notices(now)
+    report.notified += question_notices.reconcile_notices(now)
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
     _resend_lost_jobs(now - grace, report)
     _wake_forgotten(None if full else now - max(RECENT, 10 * grace), report)
+    report.requeued += workflow_runs.wake_forgotten(None if full else now - max(RECENT, 10 * grace))
     _warn_if_nobody_listens(report, now, log_warnings)
     if report.requeued or report.needs_attention or report.failed or report.resent or report.expired:
         log.info("reconcile: %s", report)
@@ -134,6 +145,8 @@ def _count_recovery(run: AgentRun, status: str, report: Report) -> int | None:
     (failed, None) after ``MAX_RECOVERIES`` in a row. Only recoveries without progress count: a
     long run whose workers are killed now and then, but that gets further each time, goes on."""
     messages = RunMessage.objects.filter(run_id=run.pk).count()
+    if run.kind == RunKind.WORKFLOW:  # a workflow's progress is its recorded steps
+        messages += WorkflowStep.objects.filter(run_id=run.pk).count()
     last = (
         RunEvent.objects.filter(run_id=run.pk, type="recovered").order_by("-id").values_list("data", flat=True).first()
     )
@@ -144,6 +157,7 @@ def _count_recovery(run: AgentRun, status: str, report: Report) -> int | None:
         if transition(run, status, RunStatus.FAILED, finished_at=timezone.now(),
                       error=f"gave up after {streak} recoveries without progress: the worker running it kept dying"):
             RunEvent.objects.create(run_id=run.pk, type="gave_up", data={"recoveries": streak})
+            parents.child_ended(run)
             report.failed.append(str(run.pk))
         return None
     RunEvent.objects.create(run_id=run.pk, type="recovered", data={"recoveries": streak + 1, "messages": messages})
@@ -152,7 +166,8 @@ def _count_recovery(run: AgentRun, status: str, report: Report) -> int | None:
 
 def _wake_forgotten(since: datetime | None, report: Report) -> None:
     pending = ToolCall.objects.filter(run=OuterRef("pk"), status=CallStatus.PENDING_APPROVAL)
-    suspended = AgentRun.objects.filter(status=RunStatus.SUSPENDED).exclude(Exists(pending)).order_by()
+    # Workflow runs wait for their steps, not for calls: workflow_runs.wake_forgotten.
+    suspended = AgentRun.objects.filter(status=RunStatus.SUSPENDED, kind=RunKind.AGENT).exclude(Exists(pending)).order_by()
     if since is None:
         batches: Iterable[QuerySet[AgentRun]] = [suspended]
     else:

@@ -18,6 +18,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from ..conf import nexo_settings
 from ..core.agent import open_calls
@@ -47,6 +48,7 @@ from ..models import (
     CallStatus,
     Decision,
     RunEvent,
+    RunKind,
     RunMessage,
     RunStatus,
     ToolCall,
@@ -55,7 +57,7 @@ from ..models import (
 )
 from ..signals import approval_decided, approval_requested, run_status_changed
 from ..storable import UnstorableValue
-from . import agent_classes, binding, dispatch, notify, rule_history, rules, sql
+from . import agent_classes, binding, dispatch, notify, parents, rule_history, rules, sql
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
 if TYPE_CHECKING:
@@ -79,6 +81,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 AGENT_OPTIONS = ("cwd", "permissions", "sandbox", "model")
+#: where a workflow run's pass is driven (named, as the queue names its jobs: no import circle)
+WORKFLOW_FUNC = "nexo_django.durable.workflow_runs.execute_workflow"
+WORKFLOW_CANCELLED = "nexo_django.durable.workflow_runs.expire_open_questions"
+ACTIVE_OR_WAITING = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.NEEDS_ATTENTION)
 #: The key of ``AgentRun.options`` that pins a local workspace (see :func:`check_workspace`).
 WORKSPACE_PIN = "_workspace"
 
@@ -271,6 +277,8 @@ def execute_run(run_id: str) -> str:
     run, messages = sql.run_and_messages(run_id, RunStatus.QUEUED)
     if run is None:
         return "skipped"
+    if run.kind == RunKind.WORKFLOW:
+        return str(import_string(WORKFLOW_FUNC)(run))
     return _drive(run, uuid.uuid4().hex, None, messages, start="claim")
 
 
@@ -321,10 +329,13 @@ def _drive(
         if not _close_failed(journal, f"{type(exc).__name__}: {exc}"):
             return "lease lost"
         _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
+        parents.child_ended(run)
         return "failed"
     if not closed:
         return "lease lost"
     _status_changed(run_id, RunStatus.RUNNING, new)
+    if new != RunStatus.SUSPENDED:
+        parents.child_ended(run)  # an agent run inside a workflow wakes it
     if new == RunStatus.SUSPENDED:
         # Standing rules decide what they match at once (a decision each, through decide());
         # only what is left waits for a person, and only that is announced.
@@ -365,10 +376,12 @@ def _fail(run: AgentRun, journal: DbJournal | None, exc: BaseException, start: s
         if isinstance(exc, SecurityError):  # audited, as a security error of a call is
             _event(run_id, "security", error=message)
         _status_changed(run_id, RunStatus.QUEUED, RunStatus.FAILED)
+        parents.child_ended(run)
         return "failed"
     else:
         return "skipped"
     _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
+    parents.child_ended(run)
     return "failed"
 
 
@@ -664,6 +677,11 @@ def cancel_run(run: AgentRun, *, by: Any = None, reason: str = "") -> bool:
                 )
                 _event(run.pk, "cancelled", by=str(_user(by) or ""), reason=reason)
                 run.refresh_from_db()
+                if run.kind == RunKind.WORKFLOW:  # its agents stop with it, its questions end
+                    import_string(WORKFLOW_CANCELLED)(run)
+                    for child in AgentRun.objects.filter(parent_id=run.pk, status__in=ACTIVE_OR_WAITING):
+                        cancel_run(child, by=by, reason="its workflow was cancelled")
+                parents.child_ended(run)
                 return True
     return False
 

@@ -1,0 +1,278 @@
+"""The person's side of workflows: the questions of the approval inbox, answered with a form built
+from each question's JSON Schema, and a workflow run's steps on its admin page.
+
+Answers go through :func:`nexo_django.durable.workflow_runs.answer` only (the decide permission,
+four eyes, the schema, once); posted with CSRF, checked in the view.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import QuerySet
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseRedirect,
+    StreamingHttpResponse,
+)
+from django.http.response import HttpResponseBase
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.decorators import method_decorator
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.timesince import timesince
+from django.views.decorators.clickjacking import xframe_options_deny
+
+from ..bounded import bounded_json, bounded_text
+from ..core.errors import AlreadyDecided, InvalidAnswer, WorkflowError
+from ..display import mark_hidden
+from ..durable import workflow_runs
+from ..models import AgentRun, OpenQuestion, RunKind, StepKind, StepStatus, WorkflowStep
+from . import audit
+from .base import NexoModelAdmin
+
+#: characters of a checkpoint's result shown on a run's page
+STEP_RESULT_BUDGET = 4_000
+
+
+def answer_field(schema: Any) -> forms.Field:
+    """The form field for an answer: enum -> choices, string -> text, boolean -> checkbox,
+    integer/number -> a number; anything else (or no schema) -> JSON in a textarea."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    help_text = schema.get("description", "") if isinstance(schema, dict) else ""
+    if isinstance(schema, dict) and isinstance(schema.get("enum"), list) and schema["enum"] \
+            and all(isinstance(v, str) for v in schema["enum"]):
+        return forms.ChoiceField(choices=[(v, v) for v in schema["enum"]], widget=forms.RadioSelect, help_text=help_text)
+    if kind == "string":
+        return forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), strip=False, help_text=help_text)
+    if kind == "boolean":
+        return forms.BooleanField(required=False, help_text=help_text)
+    if kind == "integer":
+        return forms.IntegerField(help_text=help_text)
+    if kind == "number":
+        return forms.FloatField(help_text=help_text)
+    return forms.JSONField(widget=forms.Textarea(attrs={"rows": 6, "cols": 60}), help_text=help_text or "JSON")
+
+
+class AnswerForm(forms.Form):
+    def __init__(self, *args: Any, schema: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["answer"] = answer_field(schema)
+
+
+@admin.register(OpenQuestion)
+class OpenQuestionAdmin(NexoModelAdmin):
+    """Workflows' questions waiting for a person, beside the pending calls of the inbox."""
+
+    list_display = ("asked", "question_text", "workflow_column", "run_column", "deadline")
+    list_display_links = ("asked", "question_text")
+    search_fields = ("run__id", "name")
+    ordering = ("created_at", "id")
+    list_select_related = ("run", "run__created_by")
+    answer_template = "admin/nexo_django/openquestion/answer.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[OpenQuestion]:
+        return super().get_queryset(request).filter(kind=StepKind.QUESTION, status=StepStatus.WAITING)
+
+    def get_answer_form(self, request: HttpRequest, step: WorkflowStep, data: Any = None) -> AnswerForm:
+        return AnswerForm(data, schema=step.schema)
+
+    @admin.display(description="asked", ordering="created_at")
+    def asked(self, obj: WorkflowStep) -> str:
+        return f"{timesince(obj.created_at)} ago"
+
+    @admin.display(description="question")
+    def question_text(self, obj: WorkflowStep) -> SafeString:
+        return format_html("<strong>{}</strong><br><small>{}</small>", mark_hidden(obj.name),
+                           bounded_text(obj.question, budget=1000, chars=300).html)
+
+    @admin.display(description="workflow", ordering="workflow")
+    def workflow_column(self, obj: WorkflowStep) -> str:
+        return obj.workflow.rsplit(".", 1)[-1]
+
+    @admin.display(description="run")
+    def run_column(self, obj: WorkflowStep) -> SafeString:
+        return self.run_link(obj.run_id)
+
+    @admin.display(description="deadline", ordering="expires_at")
+    def deadline(self, obj: WorkflowStep) -> str:
+        return str(obj.expires_at) if obj.expires_at else "none"
+
+    @method_decorator(xframe_options_deny)
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if request.method == "POST":
+            raise PermissionDenied  # no bulk answers: each answer is its own form
+        response = super().changelist_view(request, {"title": "Questions from workflows", **(extra_context or {})})
+        if request.method == "GET":
+            export = reverse(f"{self.admin_site.name}:nexo_django_openquestion_export", args=["csv"])
+            messages.info(request, format_html(
+                'Every question asked, with its answer and who gave it: <a href="{}" id="answers-csv">CSV</a> · '
+                '<a href="{}" id="answers-json">JSON</a>.', export, export.replace("/csv/", "/json/")))
+        return response
+
+    @method_decorator(xframe_options_deny)
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return answer_view(self, request, object_id)
+
+    def export_view(self, request: HttpRequest, fmt: str) -> HttpResponseBase:
+        return answers_export_view(self, request, fmt)
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("export/<str:fmt>/", wrap(self.export_view), name="nexo_django_openquestion_export"),
+            *super().get_urls(),
+        ]
+
+
+def answer_view(model_admin: OpenQuestionAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    if request.method not in ("GET", "HEAD", "POST"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD, POST"})
+    if not model_admin.has_view_permission(request) or (
+        request.method == "POST" and not model_admin.has_decide_permission(request)
+    ):
+        raise PermissionDenied
+    try:
+        step = WorkflowStep.objects.select_related("run", "run__created_by", "answered_by").filter(
+            pk=int(object_id), kind=StepKind.QUESTION).first()
+    except (ValueError, ValidationError):
+        step = None
+    if step is None:
+        raise Http404("No such question.")
+    form = model_admin.get_answer_form(request, step, request.POST if request.method == "POST" else None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            workflow_runs.answer(step.run, step.name, form.cleaned_data["answer"], by=request.user)
+        except (InvalidAnswer, WorkflowError) as exc:
+            form.add_error("answer", str(exc))
+        except AlreadyDecided as exc:
+            messages.error(request, str(exc))
+            return HttpResponseRedirect(request.path)
+        except PermissionDenied as exc:
+            messages.error(request, str(exc) or "You may not answer this question.")
+            return HttpResponseRedirect(request.path)
+        else:
+            messages.success(request, format_html("Answered {}: the workflow {} goes on.", mark_hidden(step.name),
+                                                  model_admin.run_link(step.run_id)))
+            return HttpResponseRedirect(reverse(f"{model_admin.admin_site.name}:nexo_django_openquestion_changelist"))
+    request.current_app = model_admin.admin_site.name
+    opts = model_admin.model._meta
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"Question {step.name}",
+        "opts": opts,
+        "app_label": opts.app_label,
+        "original": step,
+        "step": step,
+        "key": mark_hidden(step.name),
+        "question_html": bounded_text(step.question).html,
+        "schema_html": bounded_json(step.schema, budget=STEP_RESULT_BUDGET).html if step.schema is not None else None,
+        "run_link": model_admin.run_link(step.run_id),
+        "workflow": step.run.agent,
+        "started_by": str(step.run.created_by) if step.run.created_by_id else "—",
+        "form": form,
+        "open": step.status == StepStatus.WAITING,
+        "can_decide": model_admin.has_decide_permission(request, step),
+    }
+    return TemplateResponse(request, model_admin.answer_template, context)
+
+
+def workflow_context(model_admin: Any, run: AgentRun) -> dict[str, Any]:
+    """For a workflow run's admin page: its steps in order (checkpoint results bounded, agent runs
+    linked, questions and who answered). Nothing for an agent run."""
+    if run.kind != RunKind.WORKFLOW:
+        return {"parent_link": model_admin.run_link(run.parent_id) if run.parent_id else None}
+    rows = []
+    for step in workflow_runs.steps_of(run):
+        rows.append({
+            "seq": step.seq + 1,
+            "name": mark_hidden(step.name),
+            "kind": step.kind,
+            "status": step.status,
+            "result": bounded_json(step.result, budget=STEP_RESULT_BUDGET, string_chars=1000).html
+            if step.result is not None else None,
+            "child": model_admin.run_link(step.child_run_id) if step.child_run_id else None,
+            "question": bounded_text(step.question, budget=4000, chars=1000).html if step.kind == StepKind.QUESTION else None,
+            "answered_by": str(step.answered_by) if step.answered_by_id else None,
+            "answered_at": step.answered_at,
+            "expires_at": step.expires_at,
+        })
+    return {"workflow_steps": rows, "is_workflow": True}
+
+
+def open_questions_count() -> int:
+    return workflow_runs.open_questions().count()
+
+
+def announce_questions(model_admin: Any, request: HttpRequest) -> None:
+    """Above the inbox of calls: how many workflow questions wait, and where to answer them."""
+    waiting = open_questions_count()
+    if waiting:
+        url = reverse(f"{model_admin.admin_site.name}:nexo_django_openquestion_changelist")
+        messages.info(request, format_html(
+            '{} question{} from workflows wait{} for an answer: <a href="{}" id="open-questions">answer them</a>.',
+            waiting, "s" if waiting != 1 else "", "" if waiting != 1 else "s", url,
+        ))
+
+
+# --- the answers log, downloadable ---------------------------------------------------------------
+
+#: the columns of the answers log (every question asked: answered, ended unanswered, waiting)
+ANSWER_COLUMNS = ("asked_at", "run", "workflow", "key", "question", "status", "answer", "answered_by",
+                  "answered_at", "expires_at")
+
+
+def answer_row(step: WorkflowStep) -> dict[str, Any]:
+    return {
+        "asked_at": step.created_at.isoformat(),
+        "run": str(step.run_id),
+        "workflow": step.workflow,
+        "key": step.name,
+        "question": step.question,
+        "status": step.status,
+        "answer": step.result if step.status == StepStatus.ANSWERED else None,
+        "answered_by": str(step.answered_by) if step.answered_by_id else "",
+        "answered_at": step.answered_at.isoformat() if step.answered_at else None,
+        "expires_at": step.expires_at.isoformat() if step.expires_at else None,
+    }
+
+
+def answers_export_view(model_admin: Any, request: HttpRequest, fmt: str) -> HttpResponseBase:
+    """Every question of every workflow, oldest first, with its answer and who gave it (or that it
+    ended unanswered), as CSV or JSON, streamed; cells a spreadsheet would run as a formula are
+    prefixed with ``'`` (as the decision log's export does)."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    if fmt not in ("csv", "json"):
+        return HttpResponseBadRequest("export as csv or json")
+    steps = (WorkflowStep.objects.filter(kind=StepKind.QUESTION).select_related("answered_by")
+             .order_by("created_at", "id").iterator(chunk_size=audit.CHUNK))
+    rows = (answer_row(step) for step in steps)
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    response: StreamingHttpResponse
+    if fmt == "csv":
+        writer = csv.writer(audit._Line())
+        lines = itertools.chain([writer.writerow(ANSWER_COLUMNS)],
+                                (writer.writerow([audit._cell(r[c]) for c in ANSWER_COLUMNS]) for r in rows))
+        response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
+    else:
+        chunks = itertools.chain(["["], (("\n" if i == 0 else ",\n") + json.dumps(r, ensure_ascii=False, default=str)
+                                         for i, r in enumerate(rows)), ["\n]\n"])
+        response = StreamingHttpResponse(chunks, content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="nexo-answers-{stamp}.{fmt}"'
+    return response

@@ -1,0 +1,63 @@
+"""A workflow in headless Chromium against a live server (inline queue): the agent inside waits for
+an approval, a person approves it in the inbox, the workflow asks a question, the person answers
+it with the form built from its schema, and the workflow finishes. Scripted agent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from nexo_django.models import RunStatus, StepStatus, WorkflowStep
+from tests.admin.support import INBOX, make_user
+from tests.browsing import log_in_with_session
+from tests.durable_agents import count
+from tests.workflows_for_tests import Release
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+WAIT = 15
+
+
+def test_an_agent_inside_a_workflow_is_approved_in_the_admin_and_the_workflow_finishes_scripted(
+    browser: webdriver.Chrome, live_server: Any, counter: Path
+) -> None:
+    ann = make_user("ann", "nexo_django.decide_toolcall")
+    run = Release.run({"version": "5"})
+    assert run.status == RunStatus.SUSPENDED
+    wait = WebDriverWait(browser, WAIT)
+    log_in_with_session(browser, live_server.url, ann, landing="/admin/login/")
+
+    browser.get(f"{live_server.url}{INBOX}")
+    [row] = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert "notes.md" in row.text
+    row.find_element(By.CSS_SELECTOR, "th a, td a").click()
+    wait.until(lambda d: d.find_elements(By.ID, "decision-form"))
+    browser.find_element(By.ID, "approve").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist .success"))
+
+    # The agent finished; its end woke the workflow, which now asks a person.
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED and [q.key for q in run.questions()] == ["channel"]
+    browser.get(f"{live_server.url}{INBOX}")
+    browser.find_element(By.ID, "open-questions").click()
+    wait.until(lambda d: d.find_elements(By.ID, "result_list"))
+    browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr th a").click()
+    wait.until(lambda d: d.find_elements(By.ID, "answer-form"))
+    assert browser.find_element(By.ID, "question-text").text == "Where should this go?"
+    browser.find_element(By.CSS_SELECTOR, "input[name=answer][value=blog]").click()
+    browser.find_element(By.ID, "answer-submit").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist .success"))
+
+    run.refresh_from_db()
+    assert (run.status, run.result) == (RunStatus.DONE, {"published_to": "blog", "files": ["notes.md"]})
+    assert WorkflowStep.objects.get(run_id=run.pk, name="channel").status == StepStatus.ANSWERED
+    assert count(counter) == ["collect", "publish:blog"]
+    browser.get(f"{live_server.url}/admin/nexo_django/agentrun/{run.pk}/change/")
+    wait.until(lambda d: d.find_elements(By.ID, "workflow-steps"))
+    assert browser.find_element(By.ID, "run-status").text == "done"
+    assert "answered by ann" in browser.find_element(By.ID, "workflow-steps").text
