@@ -3,14 +3,16 @@
 Pure Python, no Django import: the Django side fills a :class:`ShellPolicy` from
 ``NEXO["SHELL"]`` and ``NEXO["LIMITS"]`` and hands it to ``LocalSandbox(root, shell=...)``.
 
-The command runs in new user, PID, network, IPC, UTS and cgroup namespaces as uid/gid 65534
-with no capabilities and ``no_new_privs`` (bubblewrap sets it), in its own session. Its root is
+The command runs in new PID, network, IPC, UTS and cgroup namespaces with no capabilities,
+``no_new_privs`` and a seccomp filter, in its own session, as PID 1 (no bubblewrap init beside
+it): for an unprivileged worker in a user namespace as uid/gid 65534 (the worker outside); for a
+root worker as the unprivileged host user ``ShellPolicy.uid``/``gid`` (setpriv drops to it). Its root is
 an empty read-only tmpfs holding only: the system's programs and libraries (read-only), a short
 list of ``/etc`` files programs need (never ``shadow``, ``gshadow`` or ``sudoers``), a private
 ``/tmp`` (size-capped), its own ``/proc`` and a minimal ``/dev``, the workspace read-write at its
 own path, with ``.git`` and the other protected names read-only, and the ``READ`` paths
-read-only. Resource caps are set with ``prlimit`` on the sandbox's first process while
-bubblewrap holds it on ``--block-fd``, before anything of the command runs. This module: the
+read-only. Resource caps are set by the sandbox's first process on itself (util-linux's
+``prlimit``) before anything of the command runs. This module: the
 policy and whether bubblewrap works here; :mod:`.mounts`: what the command sees;
 :mod:`.confined`: running it. docs/sandboxes.md states what is and is not confined.
 """
@@ -172,8 +174,9 @@ def find_bwrap(policy: ShellPolicy) -> str:
 
 def _probe_user(uid: int, gid: int) -> list[str]:
     if os.geteuid() == 0:  # as run_confined: no user namespace, setpriv drops to the shell's user
-        return ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
-    return ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns", "--cap-drop", "ALL"]
+        return ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL",
+                "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    return ["--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns", "--cap-drop", "ALL"]
 
 
 def _probe_drop(uid: int, gid: int) -> list[str]:
@@ -192,7 +195,7 @@ def _probe(bwrap: str, uid: int, gid: int) -> str | None:
     seccomp_fd = program_fd(program)
     try:
         done = subprocess.run(
-            [bwrap, "--unshare-all", *_probe_user(uid, gid), "--as-pid-1", "--die-with-parent",
+            [bwrap, *_probe_user(uid, gid), "--as-pid-1", "--die-with-parent",
              "--ro-bind", "/", "/", "--proc", "/proc", "--seccomp", str(seccomp_fd), "--", *_probe_drop(uid, gid), "/bin/true"],
             stdin=subprocess.DEVNULL, capture_output=True, timeout=_START_TIMEOUT, close_fds=True, env={},
             pass_fds=(seccomp_fd,),

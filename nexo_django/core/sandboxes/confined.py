@@ -1,11 +1,14 @@
-"""Running one ``shell`` command under bubblewrap (what it sees: :mod:`.confine`).
+"""Running one ``shell`` command under bubblewrap (what it sees: :mod:`.confine`, :mod:`.mounts`;
+the workspace around it: :mod:`.guard`; the seccomp filter: :mod:`.seccomp`).
 
-The order matters: bubblewrap builds the namespaces and mounts, reports the sandbox's first
-process on ``--json-status-fd`` and waits on ``--block-fd``; the caps are then set on that
-process with ``prlimit`` and only then is it released to start the command, so nothing of the
-command ever runs uncapped. Its exit code is taken from the status pipe, which bubblewrap writes
-only when the command was really executed: anything else is a setup failure, reported as an
-error that names bubblewrap, and nothing ran.
+The order matters: the workspace lock is taken and the root's ``.git`` bound first, then the
+complete survey (or a refusal, and nothing runs); bubblewrap builds the namespaces and mounts,
+loads the seccomp filter and starts the command as PID 1 (``--as-pid-1``) — for a root worker
+through ``setpriv``, which drops to the shell's unprivileged host user — and the caps are set by
+``prlimit`` before the command itself starts. Its exit code is taken from the status pipe, which
+bubblewrap writes only when the command was really executed: anything else is a setup failure,
+reported as an error that names bubblewrap, and nothing ran. After it, the survey runs again
+(set-id bits, a bare repository at the root, the quota) and what it finds fails the call.
 """
 
 from __future__ import annotations
