@@ -83,15 +83,16 @@ def test_pid_1_holds_no_host_handle_over_300_races(who: str, ws: Path) -> None:
 
 # --- 2. the seccomp filter: one test per denied call ---------------------------------------------------
 
-#: probe -> (system call, Python arguments of syscall() after its number, what it answers WITHOUT
-#: the filter: where that is not EPERM, the EPERM seen shows the filter, not a missing capability).
+#: probe -> (system call, Python arguments of syscall() after its number, what it answered WITHOUT
+#: the filter on the development machine: where that is not EPERM, the EPERM seen shows the filter,
+#: not a missing capability; only pivot_root and clone(CLONE_NEWNS) answer EPERM either way).
 PROBES: dict[str, tuple[str, str, str]] = {
     "keyctl": ("keyctl", "0, -3, 0", "success"),  # KEYCTL_GET_KEYRING_ID of the session keyring
     "add_key": ("add_key", "b'user', b'nexo', b'x', 1, -3", "success"),
     "request_key": ("request_key", "b'user', b'nexo-none', 0, 0", "ENOKEY"),
     "ptrace": ("ptrace", "2, 999999, 0, 0", "ESRCH"),  # PTRACE_PEEKDATA
-    "process_vm_readv": ("process_vm_readv", "999999, 0, 0, 0, 0, 0", "ESRCH"),
-    "process_vm_writev": ("process_vm_writev", "999999, 0, 0, 0, 0, 0", "ESRCH"),
+    "process_vm_readv": ("process_vm_readv", "999999, 0, 0, 0, 0, 0", "EINVAL"),
+    "process_vm_writev": ("process_vm_writev", "999999, 0, 0, 0, 0, 0", "EINVAL"),
     "mount": ("mount", "1, 1, 1, 0, 0", "EFAULT"),
     "umount2": ("umount2", "1, 0", "EFAULT"),
     "pivot_root": ("pivot_root", "1, 1", "EPERM without CAP_SYS_ADMIN"),
@@ -100,12 +101,12 @@ PROBES: dict[str, tuple[str, str, str]] = {
     "bpf": ("bpf", "9999, 0, 0", "EINVAL"),
     "perf_event_open": ("perf_event_open", "0, 0, -1, -1, 0", "EFAULT"),
     "userfaultfd": ("userfaultfd", "1", "success"),  # UFFD_USER_MODE_ONLY
-    "kexec_load": ("kexec_load", "0, 0, 0, 0", "EPERM without CAP_SYS_BOOT"),
-    "kexec_file_load": ("kexec_file_load", "-1, -1, 0, 0, 0", "EPERM without CAP_SYS_BOOT"),
-    "open_by_handle_at": ("open_by_handle_at", "-1, 0, 0", "EPERM without CAP_DAC_READ_SEARCH"),
+    "kexec_load": ("kexec_load", "0, 0, 0, 0", "ENOSYS here (no kexec in this kernel)"),
+    "kexec_file_load": ("kexec_file_load", "-1, -1, 0, 0, 0", "ENOSYS here"),
+    "open_by_handle_at": ("open_by_handle_at", "-1, 0, 0", "EFAULT"),
     "io_uring_setup": ("io_uring_setup", "0, 0", "EFAULT"),
     "io_uring_enter": ("io_uring_enter", "-1, 0, 0, 0, 0, 0", "EBADF"),
-    "io_uring_register": ("io_uring_register", "-1, 0, 0, 0", "EBADF"),
+    "io_uring_register": ("io_uring_register", "-1, 0, 0, 0", "EINVAL"),
     "clone_newuser": ("clone", "0x10000000 | 17, 0, 0, 0, 0", "a child in a new user namespace"),
     "clone_newns": ("clone", "0x00020000 | 17, 0, 0, 0, 0", "EPERM without CAP_SYS_ADMIN"),
     "ioctl_tiocsti": ("ioctl", "0, 0x5412, ctypes.byref(ctypes.c_char(b'x'))", "ENOTTY (stdin is /dev/null)"),
@@ -125,6 +126,8 @@ PROBES: dict[str, tuple[str, str, str]] = {
 CONTROLS = {
     "chmod_plain": ("chmod", "b'own', 0o755"),
     "ioctl_tcgets": ("ioctl", "0, 0x5401, ctypes.create_string_buffer(64)"),  # ENOTTY, not EPERM
+    "clone3": ("clone3", "0, 0"),  # ENOSYS
+    "openat2": ("openat2", "-100, b'own', 0, 0"),  # ENOSYS
 }
 
 
@@ -162,14 +165,10 @@ def test_the_seccomp_filter_allows_the_same_calls_without_the_dangerous_argument
     assert syscall_answers["ioctl_tcgets"] == errno.ENOTTY
 
 
-def test_clone3_and_openat2_answer_enosys_so_callers_fall_back(who: str, ws: Path) -> None:
-    numbers = [pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, n) for n in ("clone3", "openat2")]
-    probe = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True)\n"
-             f"for n in {numbers}:\n    libc.syscall(n, 0, 0, 0, 0); print(ctypes.get_errno())\n")
-    (ws / "probe.py").write_text(probe)
-    (ws / "probe.py").chmod(0o644)
-    [result] = run(who, ws, f"{SYSTEM_PYTHON} probe.py; (sleep 0.1 &) ; echo forked")
-    assert result["stdout"].split() == [str(errno.ENOSYS), str(errno.ENOSYS), "forked"]
+def test_clone3_and_openat2_answer_enosys_so_callers_fall_back(syscall_answers: dict[str, int]) -> None:
+    # Their flags are in a struct the filter cannot read: ENOSYS makes the C library use clone
+    # and openat, whose arguments are checked (fork still works: the probe itself ran in a shell).
+    assert syscall_answers["clone3"] == syscall_answers["openat2"] == errno.ENOSYS
 
 
 # --- 3. protection fails closed: (a)-(e), and git run on the host afterwards --------------------------------

@@ -19,7 +19,9 @@ from __future__ import annotations
 import errno
 import fcntl
 import fnmatch
+import functools
 import os
+import re
 import secrets
 import stat
 import tempfile
@@ -46,9 +48,18 @@ class WorkspaceRefused(Exception):
     says why and what fixes it."""
 
 
+@functools.lru_cache(maxsize=32)
+def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    """The fnmatch patterns as one regular expression (what ``fnmatchcase`` does, per pattern)."""
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)) if patterns else None
+
+
 def is_protected(rel: str, patterns: Sequence[str]) -> bool:
     base = rel.rsplit("/", 1)[-1]
-    return base.casefold() == ".git" or any(fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(base, p) for p in patterns)
+    if base.casefold() == ".git":
+        return True
+    matcher = _matcher(tuple(patterns))
+    return matcher is not None and (matcher.match(rel) is not None or matcher.match(base) is not None)
 
 
 @dataclass
