@@ -30,7 +30,6 @@ from tests.core.test_shell_confine import (
 # The fixtures of test_shell_confine.py: the worker's own user and uid 65534, their workspace.
 who = confine_tests.who
 ws = confine_tests.ws
-outside = confine_tests.outside
 
 pyseccomp = pytest.importorskip("pyseccomp")  # the `test` extra installs it: never skipped there
 
@@ -316,9 +315,9 @@ def test_the_workers_session_keyring_is_not_readable(who: str, ws: Path) -> None
     confined, = run(who, ws, f"{SYSTEM_PYTHON} probe.py; cat /proc/keys", prelude=KEYRING_PRELUDE)
     assert SECRET not in text(confined)
     assert [line.split()[:2] for line in confined["stdout"].splitlines()[:3]] == [["-1", str(errno.EPERM)]] * 3
-    # Unconfined, the same probe reads it: the test can tell.
-    unconfined, = run(who, ws, f"{SYSTEM_PYTHON} probe.py", prelude=KEYRING_PRELUDE, confine=False)
-    assert SECRET in text(unconfined)
+    if who == "worker":  # unconfined, the same probe reads it: the test can tell (once is enough)
+        unconfined, = run(who, ws, f"{SYSTEM_PYTHON} probe.py", prelude=KEYRING_PRELUDE, confine=False)
+        assert SECRET in text(unconfined)
 
 
 def test_the_workspace_byte_quota_fails_the_call_and_refuses_the_next(who: str, ws: Path) -> None:
@@ -327,9 +326,3 @@ def test_the_workspace_byte_quota_fails_the_call_and_refuses_the_next(who: str, 
     assert first["stdout"] == "wrote\n" and "over its quota" in first["error"] and "workspace_max_bytes" in first["error"]
     assert "refused to run, nothing ran" in second["error"] and "workspace_max_bytes" in second["error"]
     assert not (ws / "ran").exists()
-
-
-def test_a_symlinked_root_git_still_refuses(who: str, ws: Path, outside: Path) -> None:
-    (ws / ".git").symlink_to(outside)
-    [result] = run(who, ws, "touch ran")
-    assert "symbolic link" in result["error"] and not (ws / "ran").exists()
