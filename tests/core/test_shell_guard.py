@@ -75,7 +75,15 @@ def test_pid_1_holds_no_host_handle_over_300_races(who: str, ws: Path) -> None:
         f"[ -e /proc/1/fd/$n/{os.getpid()} ] && w=$((w+1)); "
         "done; i=$((i+1)); done; echo $w"
     )
-    results = run(who, ws, *[probe] * 150, timeout=10)
+    first = "tr '\\0' ' ' < /proc/1/cmdline; echo; ls /proc/1/fd | tr '\\n' ' '; echo; readlink /proc/1/fd/*"
+    pid_1, *results = run(who, ws, first, *[probe] * 150, timeout=10)
+    # Deterministic: PID 1 is the command itself (the caps' prlimit exec'd into it), not a
+    # bubblewrap init, and it holds only its stdin, stdout and stderr (/dev/null and two pipes).
+    cmdline, fds, *targets = pid_1["stdout"].splitlines()
+    assert cmdline.startswith("/bin/sh -c tr") and "bwrap" not in cmdline, pid_1
+    assert fds.split() == ["0", "1", "2"], pid_1
+    assert targets[0] == "/dev/null" and all(t.startswith("pipe:") for t in targets[1:]), pid_1
+    # And the race itself, 300 times in all: never won.
     wins = [r for r in results if r.get("stdout") != "0\n"]
     assert len(results) == 150 and wins == []
 
