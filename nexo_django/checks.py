@@ -18,6 +18,7 @@ from .conf import DEFAULTS, as_timedelta, nexo_settings
 from .core.errors import ConfigurationError
 from .core.llm import PROVIDERS, resolve_model
 from .core.sandboxes.confine import bwrap_problem
+from .core.sandboxes.seccomp import seccomp_problem
 from .core.tools import Limits
 from .core.tools.shell_settings import shell_policy
 from .durable.queue_health import queue_warning
@@ -58,6 +59,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 def _check_shell() -> list[CheckMessage]:
     """E010: NEXO["SHELL"] unusable. W006: confinement is on but bubblewrap cannot run here, so
     every shell command will be refused (a warning: projects without a local shell still work).
+    W009: the same, because the seccomp filter cannot be built (pyseccomp or libseccomp2 missing).
     W007: confinement is off."""
     try:
         limits = Limits.from_mapping(nexo_settings.LIMITS)
@@ -73,6 +75,14 @@ def _check_shell() -> list[CheckMessage]:
             "with its files and network.",
             hint="Remove the key to confine them with bubblewrap (docs/sandboxes.md).",
             id="nexo_django.W007",
+        )]
+    seccomp = seccomp_problem()
+    if seccomp is not None:
+        return [Warning(
+            f"The local sandbox's shell cannot build its seccomp filter, so it will refuse every command: {seccomp}",
+            hint="pip install 'nexo-django[shell]' (pyseccomp) and apt-get install libseccomp2; "
+            "NEXO['SHELL']['CONFINE'] = False runs commands unconfined instead.",
+            id="nexo_django.W009",
         )]
     problem = bwrap_problem(policy)
     if problem is None:

@@ -218,3 +218,26 @@ def test_a_bubblewrap_that_cannot_make_its_sandbox_is_w006(tmp_path: Path) -> No
 def test_working_bubblewrap_passes_the_shell_check() -> None:
     with override_settings(NEXO={"MODEL": "openai:x", "SHELL": {"CONFINE": True, "NETWORK": ["pypi.org"], "READ": ["/opt"]}}):
         assert check_settings() == []
+
+
+def test_a_seccomp_filter_that_cannot_be_built_is_w009_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from nexo_django.core.sandboxes import seccomp
+
+    seccomp._cached.cache_clear()
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # as if it were not installed: import fails
+    try:
+        with override_settings(NEXO={"MODEL": "openai:x"}):
+            messages = check_settings()
+        assert ids(messages) == ["nexo_django.W009"]
+        assert "pyseccomp is not installed" in messages[0].msg and "nexo-django[shell]" in messages[0].hint
+        # The shell itself refuses, with the same reason, and runs nothing.
+        from nexo_django.core.sandboxes.local import LocalSandbox
+
+        folder = Path(__import__("tempfile").mkdtemp())
+        result = LocalSandbox(folder).shell("touch ran", timeout=10, max_output=100)
+        assert "pyseccomp is not installed" in result["error"] and not (folder / "ran").exists()
+    finally:
+        monkeypatch.delitem(sys.modules, "pyseccomp")
+        seccomp._cached.cache_clear()

@@ -135,7 +135,8 @@ def test_ci_installs_without_recommends_and_waits_for_the_dpkg_lock(tmp_path: Pa
         assert re.search(r"-o DPkg::Lock::Timeout=\d+", line), line
     assert "update" in update
     assert "install" in install and "--no-install-recommends" in install and "-y" in install
-    assert install.split()[-5:] == ["redis-server", "postgresql-15", "chromium", "chromium-driver", "bubblewrap"]
+    assert install.split()[-7:] == ["redis-server", "postgresql-15", "chromium", "chromium-driver", "bubblewrap",
+                                    "libseccomp2", "util-linux"]
 
 
 def test_the_classifiers_list_exactly_the_tested_matrix() -> None:

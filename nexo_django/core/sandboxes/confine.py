@@ -3,14 +3,16 @@
 Pure Python, no Django import: the Django side fills a :class:`ShellPolicy` from
 ``NEXO["SHELL"]`` and ``NEXO["LIMITS"]`` and hands it to ``LocalSandbox(root, shell=...)``.
 
-The command runs in new user, PID, network, IPC, UTS and cgroup namespaces as uid/gid 65534
-with no capabilities and ``no_new_privs`` (bubblewrap sets it), in its own session. Its root is
+The command runs in new PID, network, IPC, UTS and cgroup namespaces with no capabilities,
+``no_new_privs`` and a seccomp filter, in its own session, as PID 1 (no bubblewrap init beside
+it): for an unprivileged worker in a user namespace as uid/gid 65534 (the worker outside); for a
+root worker as the unprivileged host user ``ShellPolicy.uid``/``gid`` (setpriv drops to it). Its root is
 an empty read-only tmpfs holding only: the system's programs and libraries (read-only), a short
 list of ``/etc`` files programs need (never ``shadow``, ``gshadow`` or ``sudoers``), a private
 ``/tmp`` (size-capped), its own ``/proc`` and a minimal ``/dev``, the workspace read-write at its
 own path, with ``.git`` and the other protected names read-only, and the ``READ`` paths
-read-only. Resource caps are set with ``prlimit`` on the sandbox's first process while
-bubblewrap holds it on ``--block-fd``, before anything of the command runs. This module: the
+read-only. Resource caps are set by the sandbox's first process on itself (util-linux's
+``prlimit``) before anything of the command runs. This module: the
 policy and whether bubblewrap works here; :mod:`.mounts`: what the command sees;
 :mod:`.confined`: running it. docs/sandboxes.md states what is and is not confined.
 """
@@ -24,6 +26,8 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from .seccomp import SeccompUnavailable, filter_program, program_fd, seccomp_problem
 
 #: ``resolver(host, port)``: the addresses ``host`` resolves to (as in the fetch guard).
 Resolver = Callable[[str, int], Sequence[str]]
@@ -61,9 +65,9 @@ ETC_FILES = (
     "terminfo", "timezone",
 )  # ssl and pki by their parts: never ssl/private or pki/tls/private (TLS keys)
 NEVER_READ = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/sudoers.d")
-#: Bounds of the walk that finds existing protected names below the workspace root.
-PROTECTED_WALK_ENTRIES = 20_000
-PROTECTED_WALK_DEPTH = 12
+#: The host user a root worker's commands run as (a nobody-like id), unless NEXO["SHELL"] says.
+HOST_UID = 65534
+HOST_GID = 65534
 _START_TIMEOUT = 10.0
 
 BWRAP_FIX = (
@@ -95,6 +99,11 @@ class ShellPolicy:
     file_size: int = 1024**3  # RLIMIT_FSIZE, bytes of the largest file a process writes
     cpu_seconds: int = 60  # RLIMIT_CPU, seconds of CPU per process
     tmp_size: int = 256 * 1024**2  # bytes of the private /tmp (and of /dev/shm)
+    workspace_bytes: int = 4 * 1024**3  # bytes on disk the workspace may use (checked around each call)
+    workspace_entries: int = 100_000  # entries the workspace may hold (files, folders, links...)
+    #: The host uid and gid a root worker's command runs as (an unprivileged worker's run as it).
+    uid: int = HOST_UID
+    gid: int = HOST_GID
     ports: tuple[int, ...] = (80, 443)  # ports the egress proxy connects to
     allow_private: bool = False  # the proxy may reach private addresses (never metadata)
     #: Interpreter of the in-sandbox forwarder (only with ``network``); None: this process's
@@ -107,7 +116,8 @@ class ShellPolicy:
     egress: EgressFactory | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("memory", "processes", "file_size", "cpu_seconds", "tmp_size"):
+        for name in ("memory", "processes", "file_size", "cpu_seconds", "tmp_size", "workspace_bytes", "workspace_entries",
+                     "uid", "gid"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"shell {name} must be a positive whole number, not {value!r}")
@@ -138,7 +148,8 @@ class ShellPolicy:
         return {
             "confine": self.confine, "bwrap": self.bwrap, "network": list(self.network), "read": list(self.read),
             "memory": self.memory, "processes": self.processes, "file_size": self.file_size,
-            "cpu_seconds": self.cpu_seconds, "tmp_size": self.tmp_size, "ports": list(self.ports),
+            "cpu_seconds": self.cpu_seconds, "tmp_size": self.tmp_size, "workspace_bytes": self.workspace_bytes,
+            "workspace_entries": self.workspace_entries, "uid": self.uid, "gid": self.gid, "ports": list(self.ports),
             "allow_private": self.allow_private, "python": self.python,
         }
 
@@ -161,16 +172,38 @@ def find_bwrap(policy: ShellPolicy) -> str:
     return found
 
 
+def _probe_user(uid: int, gid: int) -> list[str]:
+    if os.geteuid() == 0:  # as run_confined: no user namespace, setpriv drops to the shell's user
+        return ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL",
+                "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    return ["--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns", "--cap-drop", "ALL"]
+
+
+def _probe_drop(uid: int, gid: int) -> list[str]:
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin") or "/usr/bin/setpriv"
+    return [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+
+
 @functools.cache
-def _probe(bwrap: str) -> str | None:
+def _probe(bwrap: str, uid: int, gid: int) -> str | None:
+    try:
+        program = filter_program()
+    except SeccompUnavailable as exc:
+        return str(exc)
+    seccomp_fd = program_fd(program)
     try:
         done = subprocess.run(
-            [bwrap, "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-             "--disable-userns", "--die-with-parent", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--", "/bin/true"],
+            [bwrap, *_probe_user(uid, gid), "--as-pid-1", "--die-with-parent",
+             "--ro-bind", "/", "/", "--proc", "/proc", "--seccomp", str(seccomp_fd), "--", *_probe_drop(uid, gid), "/bin/true"],
             stdin=subprocess.DEVNULL, capture_output=True, timeout=_START_TIMEOUT, close_fds=True, env={},
+            pass_fds=(seccomp_fd,),
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{bwrap} cannot be run ({exc})"
+    finally:
+        os.close(seccomp_fd)
     if done.returncode != 0:
         return f"{bwrap} cannot create its sandbox: {done.stderr.decode(errors='replace').strip() or f'exit {done.returncode}'}"
     return None
@@ -178,10 +211,14 @@ def _probe(bwrap: str) -> str | None:
 
 def bwrap_problem(policy: ShellPolicy) -> str | None:
     """Why confined commands cannot run here (a message naming the fix), or None. Runs ``true``
-    in a minimal sandbox once per binary and process (the system check calls it)."""
+    in a minimal sandbox, with the seccomp filter and as the user commands run as, once per
+    binary and process (the system check calls it)."""
     try:
         bwrap = find_bwrap(policy)
     except ShellUnavailable as exc:
         return str(exc)
-    problem = _probe(bwrap)
+    seccomp = seccomp_problem()
+    if seccomp is not None:
+        return f"shell: refused to run: {seccomp}"
+    problem = _probe(bwrap, policy.uid, policy.gid)
     return None if problem is None else f"shell: refused to run: {problem}; {USERNS_FIX}"

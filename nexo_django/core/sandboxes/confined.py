@@ -1,11 +1,14 @@
-"""Running one ``shell`` command under bubblewrap (what it sees: :mod:`.confine`).
+"""Running one ``shell`` command under bubblewrap (what it sees: :mod:`.confine`, :mod:`.mounts`;
+the workspace around it: :mod:`.guard`; the seccomp filter: :mod:`.seccomp`).
 
-The order matters: bubblewrap builds the namespaces and mounts, reports the sandbox's first
-process on ``--json-status-fd`` and waits on ``--block-fd``; the caps are then set on that
-process with ``prlimit`` and only then is it released to start the command, so nothing of the
-command ever runs uncapped. Its exit code is taken from the status pipe, which bubblewrap writes
-only when the command was really executed: anything else is a setup failure, reported as an
-error that names bubblewrap, and nothing ran.
+The order matters: the workspace lock is taken and the root's ``.git`` bound first, then the
+complete survey (or a refusal, and nothing runs); bubblewrap builds the namespaces and mounts,
+loads the seccomp filter and starts the command as PID 1 (``--as-pid-1``) — for a root worker
+through ``setpriv``, which drops to the shell's unprivileged host user — and the caps are set by
+``prlimit`` before the command itself starts. Its exit code is taken from the status pipe, which
+bubblewrap writes only when the command was really executed: anything else is a setup failure,
+reported as an error that names bubblewrap, and nothing ran. After it, the survey runs again
+(set-id bits, a bare repository at the root, the quota) and what it finds fails the call.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import json
 import os
 import resource
 import selectors
+import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -22,7 +27,17 @@ from contextlib import suppress
 from typing import Any
 
 from .confine import USERNS_FIX, Egress, ShellPolicy, ShellUnavailable, find_bwrap
-from .mounts import build_mounts, clear_set_id_bits, remove_placeholders
+from .guard import (
+    Quota,
+    Survey,
+    WorkspaceLock,
+    WorkspaceRefused,
+    check_after,
+    neutralise_bare_root,
+    survey,
+)
+from .mounts import build_mounts
+from .seccomp import SeccompUnavailable, filter_program, program_fd
 from .shell import _remove, _run
 
 _START_TIMEOUT = 10.0
@@ -87,15 +102,30 @@ class StatusPipe:
             self.read_fd = -1
 
 
-def apply_limits(pid: int, policy: ShellPolicy) -> None:
-    """Lower the caps of the sandbox's first process (everything it starts inherits them). Never
-    raises a hard limit: where the worker's own is lower, that one stays."""
+_PRLIMIT_OPTIONS = {
+    resource.RLIMIT_AS: "--as", resource.RLIMIT_NPROC: "--nproc", resource.RLIMIT_FSIZE: "--fsize",
+    resource.RLIMIT_CPU: "--cpu", resource.RLIMIT_CORE: "--core",
+}
+PRLIMIT_FIX = "the confined shell sets its caps with util-linux's prlimit (apt-get install util-linux)"
+
+
+def limits_argv(policy: ShellPolicy) -> list[str]:
+    """The sandbox's first process: util-linux's ``prlimit``, which lowers its own caps and then
+    starts the command (everything it starts inherits them), so nothing of the command runs
+    uncapped. Inside, not from the worker: a root worker's sandbox runs as another user, whose
+    limits the worker may not change without ``CAP_SYS_RESOURCE``. Never raises a hard limit:
+    where the worker's own is lower, that one stays."""
+    prlimit = next((p for p in ("/usr/bin/prlimit", "/bin/prlimit") if os.access(p, os.X_OK)), None)
+    if prlimit is None:
+        raise ShellUnavailable(f"shell: refused to run: {PRLIMIT_FIX}")
+    argv = [prlimit]
     for which, value in limits_of(policy):
-        _soft, hard = resource.prlimit(pid, which)
+        _soft, hard = resource.getrlimit(which)
         cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
         # CPU: SIGXCPU at the cap (a program may catch it and stop cleanly), SIGKILL a second later.
         top = cap + 1 if which == resource.RLIMIT_CPU and (hard == resource.RLIM_INFINITY or cap < hard) else cap
-        resource.prlimit(pid, which, (cap, top))
+        argv.append(f"{_PRLIMIT_OPTIONS[which]}={cap}:{top}")
+    return [*argv, "--"]
 
 
 def setup_failure(stderr: str) -> str:
@@ -104,6 +134,47 @@ def setup_failure(stderr: str) -> str:
         "check NEXO['SHELL'] (BWRAP, READ) and that the workspace is a plain folder the worker can write"
     )
     return f"shell: bubblewrap could not set up the sandbox, nothing ran ({detail}); {hint}"
+
+
+def _refused(reason: str) -> dict[str, Any]:
+    return {"error": f"shell: refused to run, nothing ran: {reason}"}
+
+
+def _prepare(root: str, root_fd: int, protected: Sequence[str], policy: ShellPolicy, lock: WorkspaceLock) -> Survey:
+    """Before the command: the root's ``.git`` (a placeholder if missing), a root that became a
+    bare repository, then the complete survey. Raises :class:`WorkspaceRefused`."""
+    lock.placeholder()
+    st = os.stat(".git", dir_fd=root_fd, follow_symlinks=False)
+    if stat.S_ISLNK(st.st_mode):
+        raise WorkspaceRefused(
+            f"{root}/.git is a symbolic link, which the sandbox would follow; replace it with the folder "
+            "(or the 'gitdir:' file) it stands for"
+        )
+    neutralised = neutralise_bare_root(root_fd)
+    if neutralised is not None:
+        raise WorkspaceRefused(f"{neutralised}; look at what left it there, then call again")
+    owner = (policy.uid, policy.gid) if os.geteuid() == 0 else None
+    quota = Quota(policy.workspace_bytes, policy.workspace_entries)
+    return survey(root, root_fd, protected, quota, bind=True, owner=owner)
+
+
+def _after(result: dict[str, Any], root: str, root_fd: int, protected: Sequence[str], policy: ShellPolicy) -> dict[str, Any]:
+    """After the command (nothing of it runs any more): a bare repository at the root is
+    neutralised, set-id bits dropped, the quota checked; what was found fails the call, with the
+    command's output kept."""
+    problems: list[str] = []
+    with suppress(OSError):
+        neutralised = neutralise_bare_root(root_fd)
+        if neutralised is not None:
+            problems.append(neutralised)
+    _survey, found = check_after(root, root_fd, protected, Quota(policy.workspace_bytes, policy.workspace_entries))
+    problems += found
+    if not problems:
+        return result
+    message = "shell: the command left the workspace unsafe or over its limits: " + "; ".join(problems)
+    if "error" in result:
+        message = f"{result['error']}; also, {message[len('shell: '):]}"
+    return {**result, "error": message + " (the next call refuses to run until this is fixed)"}
 
 
 def run_confined(
@@ -117,14 +188,51 @@ def run_confined(
 ) -> dict[str, Any]:
     try:
         bwrap = find_bwrap(policy)
-    except ShellUnavailable as exc:
-        return {"error": str(exc)}
+        program = filter_program()
+    except (ShellUnavailable, SeccompUnavailable) as exc:
+        message = str(exc)
+        return {"error": message if message.startswith("shell:") else f"shell: refused to run: {message}"}
+    try:
+        lock = WorkspaceLock(root_fd)
+    except OSError as exc:
+        return _refused(f"the workspace lock could not be taken ({exc})")
+    try:
+        try:
+            found = _prepare(root, root_fd, protected, policy, lock)
+        except WorkspaceRefused as exc:
+            return _refused(str(exc))
+        except OSError as exc:
+            return _refused(f"the workspace could not be prepared ({exc})")
+        try:
+            result = _sandboxed(command, root, root_fd, found, policy, timeout, max_output, bwrap, program)
+        finally:
+            found.close()
+        if "exit_code" not in result and "stdout" not in result:
+            return result  # nothing ran
+        return _after(result, root, root_fd, protected, policy)
+    finally:
+        lock.release()
+
+
+def _sandboxed(
+    command: str,
+    root: str,
+    root_fd: int,
+    found: Survey,
+    policy: ShellPolicy,
+    timeout: float,
+    max_output: int,
+    bwrap: str,
+    program: bytes,
+) -> dict[str, Any]:
     scratch = tempfile.mkdtemp(prefix="nexo-egress-") if policy.network else None
     status = StatusPipe()
     block_read, block_write = os.pipe()
-    open_fds = [block_read, block_write]
+    seccomp_fd = program_fd(program)
+    open_fds = [block_read, block_write, seccomp_fd]
     proxy: Egress | None = None
     mounts = None
+    first: list[int] = []  # a pidfd of the sandbox's first process
     try:
         if scratch is not None:
             if policy.egress is None:
@@ -134,15 +242,16 @@ def run_confined(
                 )}
             proxy = policy.egress(policy, os.path.join(scratch, "egress.sock"), deadline=time.monotonic() + timeout)
             proxy.start()
+            if os.geteuid() == 0:
+                os.chmod(proxy.path, 0o666)  # the command's user connects to it (the folder stays 0700)
         try:
-            mounts, inner = build_mounts(
-                policy, root, root_fd, protected, egress_socket=proxy.path if proxy else None
-            )
+            caps = limits_argv(policy)
+            mounts, inner = build_mounts(policy, root, root_fd, found, egress_socket=proxy.path if proxy else None, caps=caps)
         except ShellUnavailable as exc:
             return {"error": str(exc)}
         argv = [
             bwrap, "--json-status-fd", str(status.write_fd), "--block-fd", str(block_read),
-            *mounts.args, "--", *inner, "/bin/sh", "-c", command,
+            "--seccomp", str(seccomp_fd), *mounts.args, "--", *inner, "/bin/sh", "-c", command,
         ]
 
         def started(proc: subprocess.Popen[bytes], deadline: float) -> str | None:
@@ -151,18 +260,17 @@ def run_confined(
             open_fds.remove(block_read)
             os.close(block_read)
             pid = status.wait_for_start(min(deadline, time.monotonic() + _START_TIMEOUT))
+            if pid is not None:
+                with suppress(OSError):  # killed at the end, whatever: its PID namespace dies with it
+                    first.append(os.pidfd_open(pid))
             if pid is None:
                 proc.wait(timeout=_START_TIMEOUT)
                 assert proc.stderr is not None
                 return setup_failure(proc.stderr.read(64 * 1024).decode("utf-8", "replace"))
-            try:
-                apply_limits(pid, policy)
-            except OSError as exc:
-                return f"shell: refused to run: the resource caps could not be set on the sandbox ({exc})"
             os.write(block_write, b"1")
             return None
 
-        result = _run(argv, "/", {}, timeout, max_output, pass_fds=(status.write_fd, block_read, *mounts.fds),
+        result = _run(argv, "/", {}, timeout, max_output, pass_fds=(status.write_fd, block_read, seccomp_fd, *mounts.fds),
                       started=started)
         if "error" in result and "exit_code" not in result:
             if result["error"].startswith("shell: bubblewrap") and "stderr" in result:
@@ -172,10 +280,12 @@ def run_confined(
             return {"error": setup_failure(result.get("stderr", ""))}
         return result
     finally:
+        for pidfd in first:
+            with suppress(OSError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            os.close(pidfd)
         if mounts is not None:
             mounts.close()
-            remove_placeholders(root_fd, mounts.placeholders)
-            clear_set_id_bits(root_fd)
         for fd in open_fds:
             os.close(fd)
         status.close()

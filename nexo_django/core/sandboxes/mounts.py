@@ -8,7 +8,6 @@ own /proc, a minimal /dev, the workspace read-write with its protected names rea
 from __future__ import annotations
 
 import atexit
-import fnmatch
 import os
 import shutil
 import stat
@@ -25,14 +24,13 @@ from .confine import (
     EGRESS_PORT,
     EGRESS_SOCKET,
     ETC_FILES,
-    PROTECTED_WALK_DEPTH,
-    PROTECTED_WALK_ENTRIES,
     SANDBOX_HOME,
     SANDBOX_UID,
     SYSTEM_DIRS,
     ShellPolicy,
     ShellUnavailable,
 )
+from .guard import Survey
 
 _ETC_FILE_MAX = 1024 * 1024
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -44,7 +42,6 @@ class Mounts:
 
     args: list[str] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)
-    placeholders: list[str] = field(default_factory=list)  # names created at the root, removed after
 
     def bind_fd(self, option: str, fd: int, dest: str) -> None:
         self.fds.append(fd)
@@ -161,6 +158,7 @@ def sandbox_base() -> _Base:
         if current is not None and current.fingerprint == fingerprint and os.path.isdir(current.folder):
             return current
         folder = tempfile.mkdtemp(prefix="nexo-bwrap-base-")
+        os.chmod(folder, 0o755)  # a root worker's bubblewrap runs as the shell's user: it must read it
         folders = _build_etc(os.path.join(folder, "etc"))
         os.mkdir(os.path.join(folder, "empty"), 0o555)
         base = _Base(fingerprint, folder, tuple(folders), os.getpid())
@@ -178,6 +176,19 @@ def _etc(mounts: Mounts, base: _Base) -> None:
         mounts.args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
 
 
+def searchable_parents(mounts: Mounts, path: str) -> None:
+    """``--dir`` for each folder above ``path`` (mode 0755 in the sandbox's own root): bubblewrap
+    would otherwise copy the host's modes, and a 0700 parent (``/root``, pytest's temp folders)
+    would keep the shell's user from reaching what is bound there."""
+    parents = []
+    parent = os.path.dirname(path)
+    while parent not in ("/", ""):
+        parents.append(parent)
+        parent = os.path.dirname(parent)
+    for folder in reversed(parents):
+        mounts.args += ["--dir", folder]
+
+
 def _python_mounts(mounts: Mounts, python: str | None) -> str:
     """The interpreter of the in-sandbox forwarder; binds its standard library when it is not
     visible already, with every site-packages folder of this interpreter hidden."""
@@ -187,7 +198,8 @@ def _python_mounts(mounts: Mounts, python: str | None) -> str:
     prefixes = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
     for prefix in sorted(prefixes):
         if not prefix.startswith("/usr/"):
-            mounts.args += ["--ro-bind", prefix, prefix]
+            searchable_parents(mounts, prefix)
+            mounts.bind_fd("--ro-bind-fd", os.open(prefix, _PATH_FLAGS | os.O_DIRECTORY), prefix)
     hidden = set()
     for scheme_vars in ({}, {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}):
         for key in ("purelib", "platlib"):
@@ -198,69 +210,52 @@ def _python_mounts(mounts: Mounts, python: str | None) -> str:
     return executable
 
 
-def _matches(rel: str, patterns: Sequence[str]) -> bool:
-    base = rel.rsplit("/", 1)[-1]
-    return base.casefold() == ".git" or any(fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(base, p) for p in patterns)
-
-
-def _protected(mounts: Mounts, root: str, root_fd: int, patterns: Sequence[str], empty_fd: int) -> None:
-    """Read-only binds over the root's ``.git`` (an empty read-only folder if there is none, so
-    none can be created) and over every existing protected name a bounded walk finds. Each
-    source is bound through an ``O_PATH | O_NOFOLLOW`` descriptor: a link swapped in after the
-    walk is never followed out of the workspace."""
-    try:
-        st = os.stat(".git", dir_fd=root_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        st = None
-    if st is None:
-        mounts.bind_fd("--ro-bind-fd", os.dup(empty_fd), os.path.join(root, ".git"))
-        mounts.placeholders.append(".git")
-    elif stat.S_ISLNK(st.st_mode):
-        raise ShellUnavailable(
-            f"shell: refused to run: {root}/.git is a symbolic link, which the sandbox would follow; "
-            "replace it with the folder (or the 'gitdir:' file) it stands for"
-        )
-    budget = [PROTECTED_WALK_ENTRIES]
-
-    def walk(fd: int, rel: str, depth: int) -> None:
-        with os.scandir(fd) as entries:
-            listed = sorted(entries, key=lambda e: e.name)
-        for entry in listed:
-            budget[0] -= 1
-            if budget[0] < 0:
-                return
-            child = f"{rel}{entry.name}"
-            if entry.is_symlink():
-                continue
-            if _matches(child, patterns) and (entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False)):
-                with suppress(OSError):
-                    mounts.bind_fd("--ro-bind-fd", os.open(entry.name, _PATH_FLAGS, dir_fd=fd), os.path.join(root, child))
-                continue  # nothing below a protected folder needs its own bind
-            if entry.is_dir(follow_symlinks=False) and depth < PROTECTED_WALK_DEPTH:
-                try:
-                    sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                except OSError:
-                    continue
-                try:
-                    walk(sub, child + "/", depth + 1)
-                finally:
-                    os.close(sub)
-
-    walk(root_fd, "", 0)
+def _protected(mounts: Mounts, root: str, root_fd: int, survey: Survey) -> None:
+    """Read-only binds over the root's ``.git`` first (the caller made an empty placeholder if
+    there was none, so none can be created), then over each folder above a protected entry
+    (bound over itself: a mount point cannot be renamed or removed), then over every protected
+    entry the complete walk found. Each source is a descriptor opened without following links:
+    a link swapped in after the walk is never followed out of the workspace."""
+    mounts.bind_fd("--ro-bind-fd", os.open(".git", _PATH_FLAGS, dir_fd=root_fd), os.path.join(root, ".git"))
+    for folder in sorted(survey.holders, key=lambda rel: (rel.count("/"), rel)):
+        mounts.bind_fd("--bind-fd", os.dup(survey.holders[folder]), os.path.join(root, folder))
+    for rel, fd in survey.protected:
+        mounts.bind_fd("--ro-bind-fd", os.dup(fd), os.path.join(root, rel))
 
 
 def build_mounts(
-    policy: ShellPolicy, root: str, root_fd: int, protected: Sequence[str], *, egress_socket: str | None
+    policy: ShellPolicy, root: str, root_fd: int, survey: Survey, *, egress_socket: str | None,
+    caps: Sequence[str] = (),
 ) -> tuple[Mounts, list[str]]:
-    """The bubblewrap arguments (before ``--``) and the argv prefix run inside."""
+    """The bubblewrap arguments (before ``--``) and the argv prefix run inside: for a root
+    worker setpriv first, then ``caps`` (the argv that sets the caps), then the forwarder."""
     mounts = Mounts()
     mounts.args += [
-        "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
-        # No user namespace inside: the kernel code they open (netfilter, mounts...) is where
-        # most unprivileged escapes of recent years were found.
-        "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+        "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
+        "--die-with-parent", "--new-session", "--clearenv",
+        # The command is PID 1 itself: no bubblewrap init beside it, which held the host's /proc
+        # open (/proc/1/fd/3) while dumpable with the command's uid until it had started it.
+        "--as-pid-1",
     ]
+    inner: list[str] = []
+    if os.geteuid() == 0:
+        # A root worker: bubblewrap sets the sandbox up as root (no user namespace, whose uid 0
+        # would be the host's root), keeping only what the first process needs to drop to the
+        # shell's host user with setpriv, before anything of the command runs.
+        mounts.args += ["--cap-drop", "ALL", *(a for cap in _DROP_CAPS for a in ("--cap-add", cap))]
+        inner = [setpriv_path(), f"--reuid={policy.uid}", f"--regid={policy.gid}", "--clear-groups",
+                 "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs",
+                 # A change of uid clears the parent-death signal bubblewrap set: set it again.
+                 "--pdeathsig=SIGKILL", "--"]
+    else:
+        mounts.args += [
+            "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            # No user namespace inside: the kernel code they open (netfilter, mounts...) is where
+            # most unprivileged escapes of recent years were found (the seccomp filter denies
+            # them too).
+            "--disable-userns", "--cap-drop", "ALL",
+        ]
+    inner += caps
     for key, value in sandbox_env(bool(egress_socket)).items():
         mounts.args += ["--setenv", key, value]
     _system(mounts)
@@ -274,26 +269,40 @@ def build_mounts(
         "--size", str(policy.tmp_size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
         "--size", str(policy.tmp_size), "--tmpfs", "/tmp", "--perms", "0700", "--dir", SANDBOX_HOME,
     ]
-    inner: list[str] = []
     if egress_socket is not None:
         python = _python_mounts(mounts, policy.python)
-        mounts.args += ["--bind", egress_socket, EGRESS_SOCKET]
-        inner = [python, "-I", "-S", "-c", FORWARDER, EGRESS_SOCKET, str(EGRESS_PORT)]
+        # Through a descriptor: a root worker's bubblewrap runs as the shell's user, which cannot
+        # reach the worker's private scratch folder by its path.
+        searchable_parents(mounts, EGRESS_SOCKET)
+        mounts.bind_fd("--bind-fd", os.open(egress_socket, _PATH_FLAGS), EGRESS_SOCKET)
+        inner += [python, "-I", "-S", "-c", FORWARDER, EGRESS_SOCKET, str(EGRESS_PORT)]
     for path in policy.read:
         if not os.path.exists(path):
             raise ShellUnavailable(f"shell: refused to run: NEXO['SHELL']['READ'] names {path!r}, which does not exist")
         mounts.args += ["--ro-bind", path, path]
-    mounts.args += ["--bind", root, root]
-    empty_fd = os.open(os.path.join(base.folder, "empty"), _PATH_FLAGS)
     try:
-        _protected(mounts, root, root_fd, protected, empty_fd)
+        # Its folders made searchable (bubblewrap would copy the host's modes: a 0700 parent would
+        # keep the shell's user out), then the workspace through the descriptor the sandbox holds.
+        searchable_parents(mounts, root)
+        mounts.bind_fd("--bind-fd", os.dup(root_fd), root)
+        _protected(mounts, root, root_fd, survey)
     except BaseException:
         mounts.close()
         raise
-    finally:
-        os.close(empty_fd)
     mounts.args += ["--remount-ro", "/", "--chdir", root]
     return mounts, inner
+
+
+#: What a root worker's sandbox keeps until setpriv drops to the shell's user (and them).
+_DROP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_DAC_READ_SEARCH")  # the last: --chdir into a 0700 workspace
+SETPRIV_FIX = "a root worker's confined shell drops to its user with util-linux's setpriv (apt-get install util-linux)"
+
+
+def setpriv_path() -> str:
+    found = next((p for p in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(p, os.X_OK)), None)
+    if found is None:
+        raise ShellUnavailable(f"shell: refused to run: {SETPRIV_FIX}")
+    return found
 
 
 def sandbox_env(network: bool) -> dict[str, str]:
@@ -304,15 +313,6 @@ def sandbox_env(network: bool) -> dict[str, str]:
         for key in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
             env[key] = proxy
     return env
-
-
-def remove_placeholders(root_fd: int, names: Sequence[str]) -> None:
-    """rmdir (never rm -r) what bubblewrap created as mount points: still empty, since they were
-    read-only for the whole call."""
-    for name in names:
-        with suppress(OSError):
-            os.rmdir(name, dir_fd=root_fd)
-
 
 
 #: The in-sandbox forwarder (run with ``python -I -S -c``): listens on 127.0.0.1:PORT in the
@@ -369,55 +369,3 @@ if os.fork() == 0:
 server.close()
 os.execvp(argv[0], argv)
 """
-
-
-def clear_set_id_bits(root_fd: int, max_entries: int = PROTECTED_WALK_ENTRIES) -> int:
-    """After the call (nothing of it runs any more): drop setuid and setgid from the regular
-    files it left in the workspace, walking at most ``max_entries`` entries without following
-    links. Inside, every mount is ``nosuid``; outside the workspace's file system is not, and a
-    root worker's command would leave setuid-root programs there. Returns how many it changed."""
-    changed = 0
-    budget = max_entries
-    stack = [os.dup(root_fd)]
-    try:
-        while stack and budget > 0:
-            fd = stack.pop()
-            try:
-                with os.scandir(fd) as entries:
-                    listed = list(entries)
-                for entry in listed:
-                    budget -= 1
-                    if budget < 0:
-                        break
-                    if entry.is_symlink():
-                        continue
-                    if entry.is_dir(follow_symlinks=False):
-                        with suppress(OSError):
-                            stack.append(os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd))
-                        continue
-                    mode = entry.stat(follow_symlinks=False).st_mode
-                    if stat.S_ISREG(mode) and mode & (stat.S_ISUID | stat.S_ISGID):
-                        changed += _drop_set_id(fd, entry.name)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-    finally:
-        for fd in stack:
-            os.close(fd)
-    return changed
-
-
-def _drop_set_id(dir_fd: int, name: str) -> int:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return 0
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return 0
-        os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-        return 1
-    finally:
-        os.close(fd)

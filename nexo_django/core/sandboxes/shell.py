@@ -127,6 +127,7 @@ def _run(
     *,
     pass_fds: tuple[int, ...] = (),
     started: Started | None = None,
+    popen: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     proc = subprocess.Popen(
         argv,
@@ -138,6 +139,7 @@ def _run(
         start_new_session=True,  # its own session and process group, killed as a whole
         close_fds=True,
         pass_fds=pass_fds,
+        **(popen or {}),
     )
     assert proc.stdout is not None and proc.stderr is not None
     deadline = time.monotonic() + timeout

@@ -44,6 +44,9 @@ class Limits:
     shell_file_size: int = 1024**3
     shell_cpu_seconds: int = 60
     shell_tmp_size: int = 256 * 1024**2
+    # The workspace around each confined shell call: bytes on disk and entries (docs/sandboxes.md).
+    workspace_max_bytes: int = 4 * 1024**3
+    workspace_max_entries: int = 100_000
     shell_ports: tuple[int, ...] = (80, 443)
     shell_allow_private: bool = False
     fetch_timeout: float = 20.0

@@ -16,7 +16,7 @@ from .base import Limits
 from .egress import EgressProxy
 from .netguard import AllowList, FetchRefused
 
-SHELL_KEYS = ("BWRAP", "CONFINE", "NETWORK", "READ")
+SHELL_KEYS = ("BWRAP", "CONFINE", "GID", "NETWORK", "READ", "UID")
 
 
 def shell_policy(setting: Any, limits: Limits) -> ShellPolicy:
@@ -32,6 +32,14 @@ def shell_policy(setting: Any, limits: Limits) -> ShellPolicy:
     bwrap = setting.get("BWRAP")
     if bwrap is not None and (not isinstance(bwrap, str) or not bwrap):
         raise ConfigurationError(f'NEXO["SHELL"]["BWRAP"] must be the path of bwrap (or None), not {bwrap!r}')
+    ids: dict[str, int] = {}
+    for key in ("UID", "GID"):
+        value = setting.get(key, 65534)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 2**32 - 1:
+            raise ConfigurationError(
+                f'NEXO["SHELL"]["{key}"] must be the number of an unprivileged host user/group (never 0), not {value!r}'
+            )
+        ids[key] = value
     lists: dict[str, tuple[str, ...]] = {}
     for key in ("NETWORK", "READ"):
         value = setting.get(key, [])
@@ -48,6 +56,8 @@ def shell_policy(setting: Any, limits: Limits) -> ShellPolicy:
             confine=confine, bwrap=bwrap, network=lists["NETWORK"], read=lists["READ"],
             memory=limits.shell_memory, processes=limits.shell_processes, file_size=limits.shell_file_size,
             cpu_seconds=limits.shell_cpu_seconds, tmp_size=limits.shell_tmp_size,
+            workspace_bytes=limits.workspace_max_bytes, workspace_entries=limits.workspace_max_entries,
+            uid=ids["UID"], gid=ids["GID"],
             ports=tuple(limits.shell_ports), allow_private=limits.shell_allow_private, egress=EgressProxy,
         )
     except (TypeError, ValueError) as exc:
