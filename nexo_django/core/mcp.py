@@ -313,7 +313,8 @@ class MCPManager:
                             session.listed.set_result(listed)
                         elif session.renewed is not None:
                             session.renewed.set_result(None)
-                        await session.wake.wait()
+                        if not session.stopping:  # close() may have come while this one opened
+                            await session.wake.wait()
                         session.client = None
         except Exception as exc:  # reported to the run, never raised in the portal
             session.failure = self._describe(exc)
@@ -399,7 +400,7 @@ class MCPManager:
         if session.client is None:
             return error(f"MCP tool {tool.name!r}: server {tool.server!r} is unavailable: {session.failure or 'not connected'}")
         outcome = self._call_once(tool, session, args)
-        if session.lost:
+        if session.lost and isinstance(outcome, dict):
             # The 404 answered this call's request, so the server never ran it: a new session
             # (the spec's MUST), and the call once more.
             renewed = self._renew(session)
