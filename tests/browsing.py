@@ -13,7 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.test import Client
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import (
+    ElementClickInterceptedException,
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
 from selenium.webdriver.support.ui import WebDriverWait
 
 #: What a wait's condition may meet on a page that reloads itself: it looks again.
@@ -54,9 +58,12 @@ def read(browser: Any, css: str, attribute: str | None = None) -> str | None:
 
 
 def click(browser: Any, by: str, value: str, timeout: float = 15) -> None:
-    """Click an element, looked up again if the page replaced it before the click landed (a
-    stale element was never clicked, so trying again cannot click twice)."""
-    waiting(browser, timeout).until(lambda d: d.find_element(by, value).click() or True)
+    """Click an element, looked up again if the page replaced it before the click landed: a
+    stale element, or one whose place a new one took, was never clicked (the driver refuses),
+    so trying again cannot click twice."""
+    retry = (*RELOADING, ElementClickInterceptedException)
+    wait = WebDriverWait(browser, timeout, poll_frequency=0.05, ignored_exceptions=retry)
+    wait.until(lambda d: d.find_element(by, value).click() or True)
 
 
 def settled(browser: Any) -> bool:
