@@ -66,7 +66,8 @@ matrix: $(STAMP)
 	@mkdir -p $(RESULTS)
 	MATRIX_RESULTS=$(RESULTS) scripts/matrix
 
-# Every step runs even if one fails, so the last line is always the total of every test run.
+# Every step runs even if one fails, so the total of every test run is printed last; when one
+# failed, make adds its "Error" line below it, which .ci/run (what CI runs) leaves out.
 test: lint typecheck
 	@rm -rf $(RESULTS); mkdir -p $(RESULTS)
 	@status=0; \

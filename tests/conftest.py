@@ -292,6 +292,29 @@ def _uvicorn(request: pytest.FixtureRequest, tmp_path: Path, extra: dict[str, st
             process.wait(timeout=10)
 
 
+@pytest.fixture(scope="session")
+def live_server(request: pytest.FixtureRequest, django_db_setup: None) -> Iterator[Any]:
+    """pytest-django's live server, started only once the test database exists.
+
+    pytest-django's own ``live_server`` does not wait for the database: in a process whose first
+    test uses it, the server starts while ``DATABASES`` still names ``:memory:`` (the test
+    database is the file in ``TEST["NAME"]``), so it hands the test's own SQLite connection to
+    the server thread as if the database were in memory. Once the test database is a file, the
+    server thread closes that shared connection after every request, while the test is using
+    it: "Cannot operate on a closed database", or a segfault inside sqlite3. Started after
+    ``django_db_setup``, the server thread opens its own connection to the file; only a
+    database really in memory (``NEXO_TEST_SQLITE=:memory:``) is shared, as Django intends.
+    """
+    from pytest_django.live_server_helper import LiveServer
+
+    addr = request.config.getvalue("liveserver") or os.getenv("DJANGO_LIVE_TEST_SERVER_ADDRESS") or "localhost"
+    server = LiveServer(addr)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 BROWSER_WAIT = 15

@@ -14,18 +14,29 @@ caller's token).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools.base import Tool
 from mcp.types import ToolAnnotations
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import BaseModel
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True)
+
+
+class Word(BaseModel):
+    word: str
+
+
+def which_word() -> Elicit[Word]:
+    return Elicit("Which word?", Word)
 
 
 def _broken_schema_tool() -> Tool:
@@ -95,6 +106,26 @@ def build_server() -> MCPServer:
     def pid() -> int:
         return os.getpid()
 
+    @server.tool(description="Who the client said it is, and the protocol version of this call.")
+    def client(ctx: Context) -> dict[str, str | None]:
+        params = ctx.session.client_params
+        info = params.client_info if params is not None else None
+        return {
+            "name": info.name if info is not None else None,
+            "version": info.version if info is not None else None,
+            "protocol": ctx.protocol_version,
+        }
+
+    @server.tool(description="Ask the person at the client for a word (elicitation), then echo it.")
+    def ask(word: Annotated[Word, Resolve(which_word)]) -> str:
+        # Protocol 2026-07-28: an input_required result, answered by a retry; before: a request
+        # from the server in the middle of the call.
+        return word.word
+
+    @server.tool(description="A text result of the given number of bytes (one server-sent event).")
+    def big(size: int) -> str:
+        return "x" * size
+
     return server
 
 
@@ -111,10 +142,55 @@ def _require_token(app: Any, token: str) -> Any:
     return guarded
 
 
-def serve_http(token: str) -> None:
+def _handshake_era_only(app: Any) -> Any:
+    """What a server of the handshake era (protocol 2025-11-25 and before, the 1.x SDKs) answers
+    a request of a later version: 400 and a JSON-RPC error. A client then falls back to the
+    ``initialize`` handshake and gets a session id (``Mcp-Session-Id``)."""
+
+    async def handshake_only(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        version = dict(scope.get("headers", ())).get(b"mcp-protocol-version", b"").decode("latin-1")
+        if scope["type"] == "http" and version and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            message = f"Bad Request: Unsupported protocol version: {version}. Supported versions: {', '.join(HANDSHAKE_PROTOCOL_VERSIONS)}"
+            body = json.dumps({"jsonrpc": "2.0", "id": "server-error", "error": {"code": -32600, "message": message}})
+            await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body.encode()})
+            return
+        await app(scope, receive, send)
+
+    return handshake_only
+
+
+def _with_expiry(app: Any, server: MCPServer) -> Any:
+    """``POST /expire`` ends every open session the way the SDK's idle timeout does (its idle
+    scope cancelled, the session discarded), so its id answers 404 "Session not found" from then
+    on; it answers once they are gone."""
+
+    async def expiring(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/expire":
+            sessions = server.session_manager._server_instances  # the SDK's own table of sessions
+            ended = len(sessions)
+            for transport in list(sessions.values()):
+                if transport.idle_scope is not None:
+                    transport.idle_scope.cancel()
+            with anyio.fail_after(10):
+                while sessions:
+                    await anyio.sleep(0.01)
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": str(ended).encode()})
+            return
+        await app(scope, receive, send)
+
+    return expiring
+
+
+def serve_http(token: str, era: str) -> None:
     import uvicorn
 
-    app = _require_token(build_server().streamable_http_app(host="127.0.0.1"), token)
+    server = build_server()
+    app = server.streamable_http_app(host="127.0.0.1")
+    if era == "handshake":
+        app = _with_expiry(_handshake_era_only(app), server)
+    app = _require_token(app, token)
     # Bind first and print the port, so the test never races for a free port.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -129,6 +205,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--transport", choices=("stdio", "http"), required=True)
     parser.add_argument("--token-env", default="MCP_TEST_TOKEN")
+    # "modern": the SDK's default (stateless 2026-07-28 requests, the handshake as a fallback);
+    # "handshake": a server of the handshake era only, with sessions and POST /expire.
+    parser.add_argument("--era", choices=("modern", "handshake"), default="modern")
     options = parser.parse_args()
     if options.transport == "stdio":
         build_server().run("stdio")
@@ -136,7 +215,7 @@ def main() -> None:
     token = os.environ.get(options.token_env)
     if not token:
         sys.exit(f"set {options.token_env} to the token clients must send")
-    serve_http(token)
+    serve_http(token, options.era)
 
 
 if __name__ == "__main__":

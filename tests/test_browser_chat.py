@@ -13,11 +13,10 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Permission
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from example_project.notes.agents import CHAT_ANSWER, FOLLOW_UP_ANSWER, SUMMARY
 from nexo_django.models import AgentRun, RunStatus
-from tests.browsing import log_in_with_session
+from tests.browsing import click, log_in_with_session, read, settled, waiting
 
 pytestmark = [pytest.mark.browser, pytest.mark.durable, pytest.mark.django_db(transaction=True)]
 
@@ -38,7 +37,7 @@ def test_question_approval_inline_answer_and_follow_up_in_the_browser_scripted(
     ann.user_permissions.add(Permission.objects.get(codename="decide_toolcall"),
                              *Permission.objects.filter(codename__startswith="view_", content_type__app_label="nexo_django"))
     url = example_asgi_server.url
-    wait = WebDriverWait(browser, WAIT)
+    wait = waiting(browser, WAIT)
     log_in_with_session(browser, url, ann, "/accounts/login/")
 
     # Ask.
@@ -46,33 +45,33 @@ def test_question_approval_inline_answer_and_follow_up_in_the_browser_scripted(
     prompt = browser.find_element(By.NAME, "prompt")
     prompt.clear()
     prompt.send_keys("Summarise the release, please.")
-    browser.find_element(By.ID, "ask-button").click()
+    click(browser, By.ID, "ask-button")
     wait.until(lambda d: d.find_elements(By.ID, "waiting"))
     run = AgentRun.objects.get()
     assert browser.current_url == f"{url}/chat/{run.pk}/" and run.status == RunStatus.SUSPENDED
-    waiting = browser.find_element(By.ID, "waiting")
-    assert "published/summary.md" in waiting.text
-    decide = str(waiting.find_element(By.CSS_SELECTOR, "a.decide-link").get_attribute("href"))
+    assert "published/summary.md" in (read(browser, "#waiting") or "")
+    decide = str(read(browser, "#waiting a.decide-link", "href"))
     chat_window = browser.current_window_handle
 
     # Approve on the decision page, in a second window; the chat page is left as it is.
     browser.switch_to.new_window("window")
     browser.get(decide)
-    browser.find_element(By.ID, "approve").click()
+    click(browser, By.ID, "approve")
     wait.until(lambda d: AgentRun.objects.get(pk=run.pk).status == RunStatus.DONE)
 
     # The chat page followed the run by itself: the answer is there.
     browser.switch_to.window(chat_window)
-    wait.until(lambda d: CHAT_ANSWER in _answers(d))
+    # Settled: loaded after the run finished, so no reload is pending under the next steps.
+    wait.until(lambda d: CHAT_ANSWER in _answers(d) and settled(d))
     grew = int(browser.execute_script("return Number(window.sessionStorage.getItem('chat-deltas') || '0')"))
     assert grew > 1  # seen growing, piece by piece, before the finished answer replaced it
     assert (tmp_path / "workspace" / "published" / "summary.md").read_text() == SUMMARY
 
     # Ask a follow-up: the same conversation, a new run.
     browser.find_element(By.NAME, "prompt").send_keys("What did I ask you?")
-    browser.find_element(By.ID, "ask-button").click()
-    wait.until(lambda d: FOLLOW_UP_ANSWER in _answers(d))
+    click(browser, By.ID, "ask-button")
+    wait.until(lambda d: FOLLOW_UP_ANSWER in _answers(d) and settled(d))
     follow = AgentRun.objects.get(previous=run)
     assert browser.current_url == f"{url}/chat/{follow.pk}/" and follow.status == RunStatus.DONE
     assert _answers(browser) == [CHAT_ANSWER, FOLLOW_UP_ANSWER]
-    assert "Summarise the release, please." in browser.find_element(By.ID, "chat").text
+    assert "Summarise the release, please." in (read(browser, "#chat") or "")

@@ -10,18 +10,19 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from example_project.notes.agents import NOTES
 from nexo_django.models import AgentRun
+from tests.browsing import click, read, settled, waiting
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 WAIT = 15  # seconds; the run page polls every 3 s while a run waits
 
 
-def status_of(driver: webdriver.Chrome) -> str:
-    return str(driver.find_element(By.ID, "run-status").get_attribute("data-status"))
+def status_of(driver: webdriver.Chrome) -> str | None:
+    # Looked up and read in one script: the page reloads itself when the run changes.
+    return read(driver, "#run-status", "data-status")
 
 
 def test_a_person_starts_a_run_approves_it_in_the_admin_and_sees_it_finish(
@@ -32,7 +33,7 @@ def test_a_person_starts_a_run_approves_it_in_the_admin_and_sees_it_finish(
         *Permission.objects.filter(content_type__app_label="nexo_django", codename__startswith="view_"),
         Permission.objects.get(codename="decide_toolcall"),
     )
-    wait = WebDriverWait(browser, WAIT)
+    wait = waiting(browser, WAIT)
 
     # Log in, then start a Scribe run from the example's form.
     browser.get(live_server.url + "/")
@@ -43,16 +44,15 @@ def test_a_person_starts_a_run_approves_it_in_the_admin_and_sees_it_finish(
     prompt = browser.find_element(By.NAME, "prompt")
     prompt.clear()
     prompt.send_keys("Publish the release notes.")
-    browser.find_element(By.CSS_SELECTOR, "#start-run button[type=submit]").click()
+    click(browser, By.CSS_SELECTOR, "#start-run button[type=submit]")
 
     # The run's page: it waits for a person on the write into published/.
     wait.until(lambda d: d.find_elements(By.ID, "run-status"))
     run = AgentRun.objects.get()
     assert browser.current_url == f"{live_server.url}/runs/{run.pk}/"
     assert status_of(browser) == "suspended"
-    pending = browser.find_element(By.CSS_SELECTOR, ".pending")
-    assert "published/notes.md" in pending.text
-    inbox = pending.find_element(By.CSS_SELECTOR, "a.inbox-link").get_attribute("href")
+    assert "published/notes.md" in (read(browser, ".pending") or "")
+    inbox = read(browser, ".pending a.inbox-link", "href")
     run_window = browser.current_window_handle
 
     # Approve it in the admin inbox, in a second window.
@@ -64,9 +64,9 @@ def test_a_person_starts_a_run_approves_it_in_the_admin_and_sees_it_finish(
 
     # Back on the run's page, untouched since: it refreshes itself and shows the finished run.
     browser.switch_to.window(run_window)
-    wait.until(lambda d: status_of(d) == "done")
+    wait.until(lambda d: status_of(d) == "done" and settled(d))
     assert "(scripted model) Drafted drafts/notes.md and published published/notes.md." in (
-        browser.find_element(By.ID, "run-result").text
+        read(browser, "#run-result") or ""
     )
     assert not browser.find_elements(By.CSS_SELECTOR, ".pending")
     assert (example / "published" / "notes.md").read_text() == NOTES

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 from django.test import Client
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from nexo_django.models import AgentRun, CallStatus, RunStatus
-from tests.browsing import log_in_with_session
+from tests.browsing import click, log_in_with_session, read, settled, waiting
 from tests.durable_agents import Scribe
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -28,10 +27,8 @@ def test_a_user_cancels_their_own_waiting_run_on_its_page_scripted(
     assert run.status == RunStatus.SUSPENDED
     log_in_with_session(browser, live_server.url, ann, "/runs/")
     browser.get(f"{live_server.url}/runs/{run.pk}/")
-    browser.find_element(By.ID, "cancel-run").click()
-    WebDriverWait(browser, WAIT).until(
-        lambda d: d.find_element(By.ID, "run-status").get_attribute("data-status") == RunStatus.CANCELLED
-    )
+    click(browser, By.ID, "cancel-run")
+    waiting(browser, WAIT).until(lambda d: read(d, "#run-status", "data-status") == RunStatus.CANCELLED and settled(d))
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED and "cancelled by ann" in run.error
     assert run.tool_calls.get().status == CallStatus.EXPIRED

@@ -121,6 +121,7 @@ def test_ci_installs_without_recommends_and_waits_for_the_dpkg_lock(tmp_path: Pa
     for fake in ("apt-get", "make"):
         (bin_dir / fake).chmod(0o755)
     os.symlink(shutil.which("dirname") or "/usr/bin/dirname", bin_dir / "dirname")
+    os.symlink(shutil.which("sed") or "/usr/bin/sed", bin_dir / "sed")
     env = {"PATH": str(bin_dir), "HOME": str(tmp_path)}
     script = (REPO_ROOT / ".ci" / "run").read_text()
     # Pretend PostgreSQL is missing too, wherever this test runs.
@@ -137,6 +138,41 @@ def test_ci_installs_without_recommends_and_waits_for_the_dpkg_lock(tmp_path: Pa
     assert "install" in install and "--no-install-recommends" in install and "-y" in install
     assert install.split()[-7:] == ["redis-server", "postgresql-15", "chromium", "chromium-driver", "bubblewrap",
                                     "libseccomp2", "util-linux"]
+
+
+JUNIT = """<testsuites><testsuite name="pytest" tests="{tests}" failures="{failures}" errors="0" skipped="{skipped}"
+ time="1.5"></testsuite></testsuites>"""
+
+
+def test_the_total_ends_with_passed_and_failed_alone_on_the_last_line(tmp_path: Path) -> None:
+    (tmp_path / "sqlite.xml").write_text(JUNIT.format(tests=10, failures=2, skipped=1))
+    (tmp_path / "postgres.xml").write_text(JUNIT.format(tests=5, failures=0, skipped=0))
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "total"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[-2:] == ["total over every run (1 skipped):", "12 passed, 2 failed"]
+
+
+def test_ci_ends_with_the_total_and_fails_when_a_test_failed(tmp_path: Path) -> None:
+    """.ci/run over a make test whose tests failed: make's own Error line, printed after the
+    total, is left out, and the exit status is kept."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "make").write_text(
+        "#!/bin/sh\necho 'every pytest run of make test:'\necho 'total over every run (0 skipped):'\n"
+        "echo '3 passed, 1 failed'\necho 'make: *** [Makefile:70: test] Error 1' >&2\nexit 2\n"
+    )
+    (bin_dir / "make").chmod(0o755)
+    for tool in ("dirname", "sed", "redis-server", "chromium", "chromedriver", "bwrap"):
+        os.symlink(shutil.which(tool) or "/bin/true", bin_dir / tool)
+    (tmp_path / ".ci").mkdir()
+    script = (REPO_ROOT / ".ci" / "run").read_text().replace("/usr/lib/postgresql/15/bin/postgres", "/bin/true")
+    (tmp_path / ".ci" / "run").write_text(script)
+    done = subprocess.run(["/bin/bash", str(tmp_path / ".ci" / "run")], env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stdout.splitlines()[-1] == "3 passed, 1 failed"
+    assert "Error" not in done.stdout + done.stderr
 
 
 def test_the_classifiers_list_exactly_the_tested_matrix() -> None:

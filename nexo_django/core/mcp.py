@@ -198,8 +198,16 @@ class _Session:
     listed: concurrent.futures.Future[list[Any]] = field(default_factory=concurrent.futures.Future)
     holder: concurrent.futures.Future[None] | None = None
     client: Any = None
-    stop: Any = None  # anyio.Event, made on the portal's loop
+    wake: Any = None  # anyio.Event, made on the portal's loop: set to close or renew the session
+    #: Set by renew() and resolved by the holder task once the new session is open.
+    renewed: concurrent.futures.Future[None] | None = None
+    stopping: bool = False
+    #: Set when the server answered 404 to a request carrying this session's id.
+    lost: bool = False
     failure: str | None = None
+
+    def mark_lost(self) -> None:
+        self.lost = True
 
 
 class MCPManager:
@@ -288,28 +296,39 @@ class MCPManager:
         return sys.stderr
 
     async def _hold(self, session: _Session, params: Any) -> None:
-        """Own one session for the whole run: open it, list its tools, wait for close()."""
+        """Own one server's session for the whole run: open it, list its tools, wait for close().
+        When call() finds the session ended by the server, it wakes this task to open a new one."""
         import anyio
 
+        server = session.server
         try:
-            with anyio.fail_after(session.server.connect_timeout) as scope:
-                async with mcp_io.connect(session.server, params, self._stderr) as client:
-                    listed = await mcp_io.list_tools(client)
-                    scope.deadline = math.inf  # connected: from here on only close() ends it
-                    session.client = client
-                    session.stop = anyio.Event()
-                    session.listed.set_result(listed)
-                    await session.stop.wait()
+            while not session.stopping:
+                with anyio.fail_after(server.connect_timeout) as scope:
+                    async with mcp_io.connect(server, params, self._stderr, session.mark_lost) as client:
+                        listed = None if session.listed.done() else await mcp_io.list_tools(client)
+                        scope.deadline = math.inf  # connected: from here on only close() or renew() ends it
+                        session.client, session.lost = client, False
+                        session.wake = anyio.Event()
+                        if listed is not None:
+                            session.listed.set_result(listed)
+                        elif session.renewed is not None:
+                            session.renewed.set_result(None)
+                        if not session.stopping:  # close() may have come while this one opened
+                            await session.wake.wait()
+                        session.client = None
         except Exception as exc:  # reported to the run, never raised in the portal
             session.failure = self._describe(exc)
             if not session.listed.done():
                 session.listed.set_exception(exc)
             else:
-                logger.warning("MCP server %r closed its session: %s", session.server.name, session.failure)
+                logger.warning("MCP server %r closed its session: %s", server.name, session.failure)
+                if session.renewed is not None and not session.renewed.done():
+                    session.renewed.set_exception(exc)
         except BaseException:  # cancellation: mark the session ended, let it propagate
             session.failure = session.failure or "the session was cancelled"
-            if not session.listed.done():
-                session.listed.set_exception(RuntimeError(session.failure))
+            for waiting in (session.listed, session.renewed):
+                if waiting is not None and not waiting.done():
+                    waiting.set_exception(RuntimeError(session.failure))
             raise
         finally:
             session.client = None
@@ -373,20 +392,53 @@ class MCPManager:
 
     def call(self, tool: MCPTool, args: dict[str, Any], limits: Limits | None = None) -> ToolResult:
         """Run one call on the tool's server. Never raises for the server's failures: a server
-        error, a timeout or a crashed server is ``{"error": ...}``."""
+        error, a timeout or a crashed server is ``{"error": ...}``. A call the server refused
+        because it ended the session (404 for its id) runs once more, on a new session."""
         session = self._sessions.get(tool.server)
         if self._closed or self._portal is None or session is None:
             return error(f"MCP tool {tool.name!r}: its session is closed")
         if session.client is None:
             return error(f"MCP tool {tool.name!r}: server {tool.server!r} is unavailable: {session.failure or 'not connected'}")
+        outcome = self._call_once(tool, session, args)
+        if session.lost and isinstance(outcome, dict):
+            # The 404 answered this call's request, so the server never ran it: a new session
+            # (the spec's MUST), and the call once more.
+            renewed = self._renew(session)
+            if renewed is not None:
+                return error(f"MCP tool {tool.name!r}: server {tool.server!r} ended the session, and a new one could not be opened: {renewed}")
+            logger.info("MCP server %r ended the session; the call of %r runs again on a new session", tool.server, tool.name)
+            outcome = self._call_once(tool, session, args)
+        if isinstance(outcome, dict):
+            return outcome
+        return self.secrets.scrub(mcp_io.convert(tool.name, outcome, limits or Limits()))
+
+    def _call_once(self, tool: MCPTool, session: _Session, args: dict[str, Any]) -> Any:
+        """The SDK's result, or the ``{"error"}`` the model gets."""
+        assert self._portal is not None
         timeout = session.server.timeout
+        session.lost = False
         try:
-            result = self._portal.call(mcp_io.call_tool, session.client, tool.remote_name, args, timeout)
+            return self._portal.call(mcp_io.call_tool, session.client, tool.remote_name, args, timeout)
         except TimeoutError:
             return error(f"MCP tool {tool.name!r} timed out after {timeout:g} s")
         except Exception as exc:  # the run goes on
             return error(f"MCP tool {tool.name!r} failed: {self._describe(exc)}")
-        return self.secrets.scrub(mcp_io.convert(tool.name, result, limits or Limits()))
+
+    def _renew(self, session: _Session) -> str | None:
+        """Have the holder task close the ended session and open a new one; None when it is
+        open, else why not."""
+        assert self._portal is not None
+        if session.wake is None or session.holder is None or session.holder.done():
+            return session.failure or "the session is closed"
+        session.renewed = concurrent.futures.Future()
+        self._portal.call(session.wake.set)
+        try:
+            session.renewed.result(timeout=session.server.connect_timeout + 10)
+        except Exception as exc:
+            return self._describe(exc)
+        finally:
+            session.renewed = None
+        return None
 
     def _describe(self, exc: BaseException) -> str:
         while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
@@ -409,11 +461,12 @@ class MCPManager:
                 for session in self._sessions.values():
                     if session.holder is None or session.holder.done():
                         continue
-                    if session.stop is None:
+                    session.stopping = True
+                    if session.wake is None:
                         session.holder.cancel()  # still connecting: stop trying
                     else:
                         with contextlib.suppress(Exception):
-                            portal.call(session.stop.set)
+                            portal.call(session.wake.set)
                 holders = [s.holder for s in self._sessions.values() if s.holder is not None]
                 _done, late = concurrent.futures.wait(holders, timeout=_CLOSE_WAIT)
                 for holder in late:

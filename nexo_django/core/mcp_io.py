@@ -33,6 +33,25 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Filled-in values shorter than this are not scrubbed from results: they would mangle text.
 MIN_SECRET = 4
 _MAX_LIST_PAGES = 50
+#: Bytes one server-sent event from an HTTP server may hold (the SDK's own default is 1 MiB, and
+#: a larger result failed with its size error). A result is received whole, then capped at
+#: ``Limits.result_max_chars``; an event above this is an ``{"error"}`` naming the limit.
+MESSAGE_MAX_BYTES = 32 * 1024 * 1024
+#: The header that carries an HTTP server's session id (protocol 2025-11-25 and before).
+SESSION_HEADER = "mcp-session-id"
+
+
+def client_info() -> Any:
+    """How the client names itself to servers: nexo_django and its installed version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from mcp.types import Implementation
+
+    try:
+        installed = version("nexo-django")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        installed = "0+unknown"
+    return Implementation(name="nexo_django", version=installed)
 
 
 # --- secrets ---------------------------------------------------------------------------------
@@ -136,24 +155,38 @@ def remote_ref(schema: Any) -> str | None:
 
 
 @contextlib.asynccontextmanager
-async def connect(server: ServerAddress, params: Any, stderr: TextIO) -> AsyncIterator[Any]:
-    """An open ``mcp.Client``: ``params`` are StdioServerParameters or the filled-in headers."""
+async def connect(
+    server: ServerAddress, params: Any, stderr: TextIO, session_lost: Callable[[], None] | None = None
+) -> AsyncIterator[Any]:
+    """An open ``mcp.Client``: ``params`` are StdioServerParameters or the filled-in headers.
+    ``session_lost`` is called when an HTTP server answers 404 to a request that carried its
+    session id: the session is gone, and the spec says the client MUST start a new one."""
     from mcp import Client
 
     if server.transport == "stdio":
         from mcp.client.stdio import stdio_client
 
-        async with Client(stdio_client(params, errlog=stderr)) as client:
+        async with Client(stdio_client(params, errlog=stderr), client_info=client_info()) as client:
             yield client
         return
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
+    async def watch(response: httpx2.Response) -> None:
+        # Only a POST answers for a call; the GET stream's 404 would come from the same ended session.
+        request = response.request
+        lost = response.status_code == 404 and request.method == "POST" and SESSION_HEADER in request.headers
+        if lost and session_lost is not None:
+            session_lost()
+
     # trust_env=False: a proxy from the environment would see the headers (and the token).
     timeout = httpx2.Timeout(server.connect_timeout, read=max(server.timeout, server.connect_timeout))
     async with (
-        httpx2.AsyncClient(headers=params, timeout=timeout, trust_env=False) as http,
-        Client(streamable_http_client(server.url, http_client=http)) as client,
+        httpx2.AsyncClient(headers=params, timeout=timeout, trust_env=False, event_hooks={"response": [watch]}) as http,
+        Client(
+            streamable_http_client(server.url, http_client=http, max_sse_event_size=MESSAGE_MAX_BYTES),
+            client_info=client_info(),
+        ) as client,
     ):
         yield client
 

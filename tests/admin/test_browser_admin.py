@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from nexo_django import Agent
 from nexo_django.models import AgentRun, RunStatus
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.admin.support import INBOX, make_user
+from tests.browsing import waiting
 from tests.durable_agents import ParallelScribe
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -51,7 +51,7 @@ def log_in(driver: webdriver.Chrome, base: str, username: str, password: str) ->
     driver.find_element(By.NAME, "username").send_keys(username)
     driver.find_element(By.NAME, "password").send_keys(password)
     driver.find_element(By.CSS_SELECTOR, "input[type=submit], button[type=submit]").click()
-    WebDriverWait(driver, WAIT).until(lambda d: d.find_elements(By.ID, "result_list"))
+    waiting(driver, WAIT).until(lambda d: d.find_elements(By.ID, "result_list"))
 
 
 def save(driver: webdriver.Chrome, name: str) -> Path:
@@ -71,7 +71,7 @@ def test_an_approver_approves_a_call_and_sees_the_run_finish(
     ParallelScribe.run("Write a.txt and b.txt.", cwd=tmp_path / "other")
     run = ReleaseWriter.run("Write the release notes for 1.4.", cwd=tmp_path, user=ann)
     assert run.status == RunStatus.SUSPENDED
-    wait = WebDriverWait(browser, WAIT)
+    wait = waiting(browser, WAIT)
 
     log_in(browser, live_server.url, "ann", "ann-pass")
     assert "Pending approvals (3 waiting)" in browser.find_element(By.TAG_NAME, "h1").text
@@ -111,7 +111,7 @@ def test_staff_without_the_permission_see_no_decision_buttons(
     assert not browser.find_elements(By.CSS_SELECTOR, "select[name=action]")
     assert not browser.find_elements(By.CSS_SELECTOR, "input.action-select")
     browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")[0].find_element(By.CSS_SELECTOR, "th a").click()
-    WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.ID, "arguments"))
+    waiting(browser, WAIT).until(lambda d: d.find_elements(By.ID, "arguments"))
     assert browser.find_element(By.ID, "read-only").is_displayed()
     assert not browser.find_elements(By.ID, "approve")
     assert not browser.find_elements(By.ID, "decision-form")

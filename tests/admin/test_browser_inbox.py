@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from nexo_django import Agent
 from nexo_django.models import RunStatus
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.admin.support import INBOX, make_user
 from tests.admin.test_browser_admin import log_in, save
+from tests.browsing import waiting
 from tests.durable_agents import ParallelScribe
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -89,7 +89,7 @@ def test_the_decision_page_shows_the_workspace_and_the_write_as_a_diff(
     make_user("ann", "nexo_django.decide_toolcall", password="ann-pass")
     (tmp_path / "CHANGELOG.md").write_text(OLD)
     run = ChangelogEditor.run("Add 1.4 to the changelog.", cwd=tmp_path)
-    wait = WebDriverWait(browser, WAIT)
+    wait = waiting(browser, WAIT)
     browser.set_window_size(1280, 1100)
     log_in(browser, live_server.url, "ann", "ann-pass")
     browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr th a").click()

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from nexo_django.models import CallStatus, Decision, RunStatus
 from tests.admin.support import make_user
 from tests.admin.test_browser_admin import save
+from tests.browsing import waiting
 from tests.durable_agents import Scribe
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -40,14 +40,14 @@ def test_an_approver_approves_a_call_from_the_link_in_the_email(
     browser.find_element(By.NAME, "username").send_keys("ann")
     browser.find_element(By.NAME, "password").send_keys("ann-pass")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit], button[type=submit]").click()
-    WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.ID, "decision-form"))
+    waiting(browser, WAIT).until(lambda d: d.find_elements(By.ID, "decision-form"))
     assert "notes.txt" in browser.find_element(By.ID, "arguments").text
     call.refresh_from_db()
     assert call.status == CallStatus.PENDING_APPROVAL  # opening the link decided nothing
     save(browser, "decision-from-email.png")
 
     browser.find_element(By.ID, "approve").click()
-    WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist .success"))
+    waiting(browser, WAIT).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist .success"))
     run.refresh_from_db()
     assert run.status == RunStatus.DONE
     assert (tmp_path / "notes.txt").read_text() == "hi"

@@ -8,6 +8,7 @@ its bearer token. Every run checks that no MCP server process outlives it.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -21,12 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from nexo_django import Agent, ApprovalRequired, ConfigurationError, Permissions, tool
 from nexo_django.core.agent import Reply
 from nexo_django.core.errors import ToolArgumentError
 from nexo_django.core.mcp import MCPManager, MCPServer, MCPTool
+from nexo_django.core.tools.base import Limits
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.servers import descendants, pid_alive
 
@@ -283,11 +286,15 @@ def test_repr_shows_no_header_or_env_value() -> None:
 
 
 class HTTPServer:
-    def __init__(self) -> None:
+    """tests/mcp_http_server.py over streamable HTTP. ``era="modern"``: the SDK's server as it
+    comes (2026-07-28 stateless requests); ``"handshake"``: a server of protocol 2025-11-25 and
+    before, with sessions, whose ``expire()`` ends them as its idle timeout would."""
+
+    def __init__(self, era: str = "modern") -> None:
         self.token = secrets.token_hex(16)
         env = {**os.environ, "MCP_TEST_TOKEN": self.token}
         self.proc = subprocess.Popen(
-            [sys.executable, SERVER_SCRIPT, "--transport", "http"], stdout=subprocess.PIPE, env=env, text=True
+            [sys.executable, SERVER_SCRIPT, "--transport", "http", "--era", era], stdout=subprocess.PIPE, env=env, text=True
         )
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], 20)
@@ -299,6 +306,12 @@ class HTTPServer:
 
     def server(self, **options: Any) -> MCPServer:
         return MCPServer.http("web", self.url, {"Authorization": f"Bearer ${{{TOKEN_ENV}}}"}, **options)
+
+    def expire(self) -> int:
+        """End every open session; returns how many there were."""
+        answer = httpx.post(self.url.removesuffix("/mcp") + "/expire", headers={"Authorization": f"Bearer {self.token}"}, timeout=20)
+        assert answer.status_code == 200
+        return int(answer.text)
 
     def stop(self) -> None:
         self.proc.kill()
@@ -320,6 +333,21 @@ def http_server() -> Iterator[HTTPServer]:
 def web(http_server: HTTPServer, monkeypatch: pytest.MonkeyPatch) -> HTTPServer:
     monkeypatch.setenv(TOKEN_ENV, http_server.token)
     return http_server
+
+
+@pytest.fixture(scope="module")
+def handshake_server() -> Iterator[HTTPServer]:
+    server = HTTPServer("handshake")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def old_web(handshake_server: HTTPServer, monkeypatch: pytest.MonkeyPatch) -> HTTPServer:
+    monkeypatch.setenv(TOKEN_ENV, handshake_server.token)
+    return handshake_server
 
 
 def yes(capability: str, detail: Any) -> bool:
@@ -607,3 +635,93 @@ def test_scripted_durable_mcp_call_is_approved_and_resumed_by_a_worker_with_a_fr
     pending.refresh_from_db()
     assert pending.status == CallStatus.SUCCEEDED
     assert run.result == "done"
+
+
+# --- the protocol: versions, sessions that end, large results, the client's name ----------------
+
+
+@contextlib.contextmanager
+def opened(server: MCPServer) -> Iterator[dict[str, MCPTool]]:
+    manager = MCPManager([server])
+    try:
+        yield {t.name: t for t in manager.tools()}
+    finally:
+        manager.close()
+
+
+def session_of(result: dict[str, Any]) -> str:
+    return str(result["structured"]["mcp-session-id"])
+
+
+def test_an_ended_session_is_replaced_and_the_call_runs_again_on_the_new_one(
+    old_web: HTTPServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The server ends the session between two calls (as its idle timeout does) and answers 404
+    # for the old id: the spec says the client MUST start a new session.
+    with opened(old_web.server()) as tools:
+        manager = tools["add"]._manager
+        first = manager.call(tools["headers"], {})
+        assert old_web.expire() >= 1
+        with caplog.at_level(logging.INFO, logger="nexo_django.mcp"):
+            second = manager.call(tools["headers"], {})
+        third = manager.call(tools["add"], {"a": 2, "b": 3})
+    assert "error" not in second, second
+    assert session_of(second) != session_of(first)  # the call ran again, on a new session
+    assert third == {"content": ["5"], "structured": {"result": 5}}  # and the run goes on with it
+    assert "MCP server 'web' ended the session; the call of 'headers' runs again on a new session" in caplog.text
+
+
+def test_an_ended_session_in_a_scripted_run_costs_no_call(old_web: HTTPServer) -> None:
+    @tool(capability="read")
+    def end_sessions() -> dict[str, int]:
+        """Ends the server's sessions (scripted test)."""
+        return {"ended": old_web.expire()}
+
+    cls = type("Expiring", (Agent,), {"mcp_servers": [old_web.server()], "tools": [end_sessions], "__module__": __name__})
+    script = [tool_call("add", a=1, b=1), tool_call("end_sessions"), tool_call("add", a=2, b=2), tool_call("add", a=3, b=3), reply("ok")]
+    result, _, _ = run(cls, script)
+    assert [r.get("structured", r) for r in results(result)] == [{"result": 2}, {"ended": 1}, {"result": 4}, {"result": 6}]
+
+
+SSE_RESULT = 2 * 1024 * 1024  # above the SDK's 1 MiB limit for one server-sent event
+
+
+@pytest.mark.parametrize("era", ["handshake", "modern"])
+def test_a_2_mib_result_is_capped_at_the_result_limit(era: str, old_web: HTTPServer, http_server: HTTPServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = old_web if era == "handshake" else http_server  # handshake: the result is one server-sent event
+    monkeypatch.setenv(TOKEN_ENV, server.token)
+    limits = Limits(result_max_chars=1000)
+    with opened(server.server()) as tools:
+        result = tools["big"]._manager.call(tools["big"], {"size": SSE_RESULT}, limits)
+    assert result == {"content": ["x" * 1000 + f"\n[truncated: {SSE_RESULT - 1000} more characters]"], "structured_omitted": "larger than the result limit"}
+
+
+@pytest.mark.parametrize(
+    ("era", "protocol"), [("modern", "2026-07-28"), ("handshake", "2025-11-25"), ("stdio", "2026-07-28")]
+)
+def test_the_client_names_itself_nexo_django_in_every_tested_protocol_version(
+    era: str, protocol: str, http_server: HTTPServer, old_web: HTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # docs/mcp.md lists these versions as the tested ones.
+    if era == "stdio":
+        server = TEST_STDIO
+    else:
+        monkeypatch.setenv(TOKEN_ENV, (http_server if era == "modern" else old_web).token)
+        server = (http_server if era == "modern" else old_web).server()
+    with opened(server) as tools:
+        seen = tools["client"]._manager.call(tools["client"], {})
+    assert seen["structured"] == {"name": "nexo_django", "version": importlib.metadata.version("nexo-django"), "protocol": protocol}
+
+
+@pytest.mark.parametrize("era", ["modern", "handshake"])
+def test_a_tool_that_needs_input_from_the_client_is_an_error_result(
+    era: str, http_server: HTTPServer, old_web: HTTPServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The client declares no elicitation, sampling or roots: a server that would ask (an
+    # input_required result at 2026-07-28, a request mid-call before) refuses, and the run goes on.
+    server = http_server if era == "modern" else old_web
+    monkeypatch.setenv(TOKEN_ENV, server.token)
+    result, _, _ = run(agent_class(server.server()), [tool_call("ask"), tool_call("add", a=1, b=1), reply("ok")])
+    asked, added = results(result)
+    assert asked == {"error": "MCP tool 'ask' failed: MCPError: Client did not declare the form elicitation capability required by resolver '__main__:which_word'"}
+    assert added["content"] == ["2"]
