@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from ..conf import nexo_settings
 from ..models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall
-from . import dispatch, notify
+from . import dispatch, notify, outbox
 from .expiry import expire_overdue
 from .queue_health import queue_warning
 from .runs import transition, wake
@@ -41,6 +41,8 @@ class Report:
     expired: list[str] = field(default_factory=list)
     notified: int = 0
     reminded: int = 0
+    #: notices of the outbox delivered this round
+    delivered: int = 0
     #: Problems a person must fix, e.g. no worker listening on the run queue.
     warnings: list[str] = field(default_factory=list)
 
@@ -49,7 +51,8 @@ class Report:
             f"requeued={len(self.requeued)} needs_attention={len(self.needs_attention)} "
             f"failed={len(self.failed)} resent={len(self.resent)}"
         )
-        lifecycle = {"expired": len(self.expired), "notified": self.notified, "reminded": self.reminded}
+        lifecycle = {"expired": len(self.expired), "notified": self.notified, "reminded": self.reminded,
+                     "delivered": self.delivered}
         return " ".join([text, *(f"{k}={v}" for k, v in lifecycle.items() if v)])
 
 
@@ -78,6 +81,10 @@ def reconcile(
     # Calls past their deadline are expired (a decision each: their runs wake as decisions do).
     report.expired = expire_overdue(now)
     report.notified, report.reminded = notify.reconcile_notices(now)
+    # The outbox: reminders due, then every notice whose time has come (a receiver was down, the
+    # job was lost with Redis, a worker died mid-send).
+    outbox.remind(now)
+    report.delivered = sum(1 for s in outbox.deliver_due(now).values() if s == "delivered")
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
     _resend_lost_jobs(now - grace, report)
     _wake_forgotten(None if full else now - max(RECENT, 10 * grace), report)

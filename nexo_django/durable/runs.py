@@ -55,7 +55,7 @@ from ..models import (
 )
 from ..signals import approval_decided, approval_requested, run_status_changed
 from ..storable import UnstorableValue
-from . import dispatch, notify, rules, sql
+from . import dispatch, notify, outbox, rules, sql
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
 if TYPE_CHECKING:
@@ -565,6 +565,7 @@ def decide(
         batch.insert(RunEvent, EVENT_COLUMNS, [(run_id, kind, event, now)])
     pending = CallStatus.PENDING_APPROVAL
     woken = batch.requeue(run_id, RunStatus.SUSPENDED, RunStatus.QUEUED, now, unless_pending=pending, besides=call.pk)
+    notices = outbox.on_decided(batch, call, source, now)  # the channels hear of it: same commit
     if not batch.run():
         current = ToolCall.objects.filter(pk=call.pk).first()
         if current is None:
@@ -578,6 +579,7 @@ def decide(
             f"the arguments of {current.name} are not the ones you saw; reload the page and decide again"
         )
     call.status = status
+    outbox.wake(notices)
     generation = batch.generations.get(woken)
     if generation is None:
         # Another call was still pending when the batch ran. No lock serialises two decisions on

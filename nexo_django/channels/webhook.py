@@ -1,0 +1,98 @@
+"""The webhook channel: each notice POSTed as a signed JSON event to one URL.
+
+``NEXO["CHANNELS"]["audit"] = {"BACKEND": "webhook", "URL": "https://hooks.example.com/nexo",
+"SECRET": "...", "INCLUDE_ARGS": False, "ALLOW_PRIVATE": []}``. The body::
+
+    {"type": "approval.requested", "id": "<the idempotency key>", "created": "<ISO 8601>",
+     "run": {"id", "agent", "status", "admin_url", "page_url"},
+     "call": {"id", "tool_call_id", "name", "capability", "digest", "status", "expires_at",
+              "admin_url"[, "args"]},
+     "decision": {"verdict", "source", "decided_by", "channel_user", "decided_at", "note"}}
+
+``call`` is there for the ``approval.*`` types, ``decision`` once there is one; the arguments only
+with ``INCLUDE_ARGS``. Headers: ``X-Nexo-Signature: t=<unix>,v1=<HMAC-SHA256(SECRET, t + "." +
+body)>`` (:func:`nexo_django.channels.signing.verify_signature` checks it), ``Idempotency-Key`` and
+``X-Nexo-Event`` (the type). A 2xx answer delivers it; anything else is tried again (``Retry-After``
+honoured), with the same key.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from ..durable.outbox import DeliveryFailed
+from ..models import AgentRun, Notice, ToolCall
+from .base import Channel, admin_url, run_urls, subject
+from .signing import sign
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+
+
+def describe_call(call: ToolCall, *, args: bool) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "id": call.pk, "tool_call_id": call.tool_call_id, "name": call.name, "capability": call.capability,
+        "digest": call.digest, "status": call.status,
+        "expires_at": call.expires_at.isoformat() if call.expires_at else None, "admin_url": admin_url(call),
+    }
+    if args:
+        found["args"] = call.args
+    return found
+
+
+def describe_decision(call: ToolCall) -> dict[str, Any] | None:
+    decision = getattr(call, "decision", None)
+    if decision is None:
+        return None
+    return {"verdict": decision.verdict, "source": decision.source, "decided_by": str(decision.decided_by or ""),
+            "channel_user": decision.channel_user, "decided_at": decision.decided_at.isoformat(), "note": decision.note}
+
+
+def event(notice: Notice, run: AgentRun | None, call: ToolCall | None, *, args: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": notice.kind, "id": notice.key, "created": notice.created_at.isoformat()}
+    if run is not None:
+        body["run"] = {"id": str(run.pk), "agent": run.agent, "status": run.status, **run_urls(run)}
+    if call is not None:
+        body["call"] = describe_call(call, args=args)
+        decision = describe_decision(call)
+        if decision is not None:
+            body["decision"] = decision
+    return body
+
+
+class WebhookChannel(Channel):
+    defaults = {"URL": "", "SECRET": "", "INCLUDE_ARGS": False, "ALLOW_PRIVATE": [], "TIMEOUT": 10}
+    required = ("URL", "SECRET")
+
+    @classmethod
+    def check(cls, name: str, options: dict[str, Any]) -> list[str]:
+        problems = super().check(name, options)
+        url = str(options.get("URL") or "")
+        if url and not url.startswith(("https://", "http://")):
+            problems.append(f"URL {url!r} must be an http(s) URL")
+        return problems
+
+    def send(self, notice: Notice) -> dict[str, Any] | None:
+        run, call = subject(notice)
+        body = json.dumps(event(notice, run, call, args=bool(self.options["INCLUDE_ARGS"])),
+                          ensure_ascii=False, default=str, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json", "Idempotency-Key": notice.key, "X-Nexo-Event": notice.kind,
+                   "X-Nexo-Signature": sign(self.options["SECRET"], body), "User-Agent": "nexo-django"}
+        url = str(self.options["URL"])
+        with self.client(url, float(self.options["TIMEOUT"])) as client:
+            try:
+                response = client.post(url, content=body, headers=headers)
+            except (httpx.HTTPError, OSError) as exc:
+                raise DeliveryFailed(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+            except Exception as exc:  # the guard's refusal (a private address) says why
+                raise DeliveryFailed(f"POST {url}: {exc}") from exc
+        if not 200 <= response.status_code < 300:
+            raise DeliveryFailed(f"POST {url}: HTTP {response.status_code}", retry_after=retry_after(response))
+        return {"status": response.status_code}
