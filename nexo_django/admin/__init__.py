@@ -35,7 +35,7 @@ from ..models import (
     RunStatus,
     ToolCall,
 )
-from . import audit, downloads, rules, views
+from . import audit, downloads, outbox, rules, views
 from .base import NexoModelAdmin
 from .filters import AgeFilter, AgentFilter, CapabilityFilter, RunAgentFilter, ToolFilter
 from .forms import DecisionForm
@@ -43,6 +43,8 @@ from .previews import CallPreview, call_preview
 
 #: registered on import, beside the inbox (rules are decisions made ahead of time)
 ApprovalRuleAdmin = rules.ApprovalRuleAdmin
+#: registered on import: the channels' outbox (what was sent where, what failed and why)
+NoticeAdmin = outbox.NoticeAdmin
 
 
 # --- shared pieces ---------------------------------------------------------------------------------
@@ -304,7 +306,7 @@ class AgentRunAdmin(NexoModelAdmin):
 class DecisionAdmin(NexoModelAdmin):
     """Read-only audit log: who decided what, when, on which digest."""
 
-    list_display = ("decided_at", "verdict", "tool", "run_column", "decided_by", "source", "rule_column", "edited",
+    list_display = ("decided_at", "verdict", "tool", "run_column", "decided_by", "channel_user", "source", "rule_column", "edited",
                     "stop", "note_preview")
     list_display_links = None
     list_filter = (audit.OutcomeFilter, "verdict", "source", "stop", ("decided_by", admin.RelatedOnlyFieldListFilter))

@@ -30,9 +30,9 @@ from django.utils import timezone
 
 from ..conf import nexo_settings
 from ..core.tools import netguard
-from ..models import AgentRun, ChannelRequest, Decision, Notice, ToolCall
 from ..durable import runs
 from ..durable.outbox import Refused
+from ..models import AgentRun, ChannelRequest, Decision, Notice, ToolCall
 
 __all__ = ["Channel", "Refused"]
 

@@ -49,7 +49,7 @@ BACKENDS = {
     "webhook": "nexo_django.channels.webhook.WebhookChannel",
 }
 #: options every channel takes, and their defaults
-COMMON = {"BACKEND": None, "EVENTS": list(KINDS), "MAX_ATTEMPTS": 12, "BACKOFF": 5, "REMIND_AFTER": None}
+COMMON: dict[str, Any] = {"BACKEND": None, "EVENTS": list(KINDS), "MAX_ATTEMPTS": 12, "BACKOFF": 5, "REMIND_AFTER": None}
 #: how long one delivery may take before another process may claim the notice again
 CLAIM = timedelta(seconds=60)
 MAX_DELAY = timedelta(hours=1)
