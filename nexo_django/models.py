@@ -548,6 +548,8 @@ class Notice(models.Model):
     status = models.CharField(max_length=20, choices=NoticeStatus.choices, default=NoticeStatus.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField()
+    #: The token of the delivery that took it last (a compare-and-set: one sender at a time).
+    claim = models.CharField(max_length=32, blank=True, default="")
     last_error = models.TextField(blank=True, default="")
     #: What the receiver answered that later notices need (a Slack message's channel and ts).
     receipt = models.JSONField(null=True, blank=True)

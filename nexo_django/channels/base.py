@@ -17,6 +17,7 @@ A channel does three things (docs/channels.md shows the Slack channel as the wor
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -53,6 +54,7 @@ class Channel:
     def __init__(self, name: str, options: dict[str, Any]) -> None:
         self.name = name
         self.options = {**self.defaults, **options}
+        self._local = threading.local()
 
     # --- the three parts -----------------------------------------------------------------
 
@@ -102,16 +104,26 @@ class Channel:
     def client(self, url: str, timeout: float) -> httpx.Client:
         """An httpx client for ``url``'s host with the fetch guard's connect-time rules: every
         address the host resolves to must be public, unless the channel's ``ALLOW_PRIVATE`` names
-        this host (tests on loopback do); no proxy from the environment; a total deadline."""
+        this host (tests on loopback do); no proxy from the environment; ``timeout`` seconds in
+        all from now. Kept per thread and host (connections are reused; every new one is checked
+        again): use it, do not close it."""
         host = netguard.canonical_host(httpx.URL(url).host)
-        allow_private = host in {netguard.canonical_host(h) for h in self.options.get("ALLOW_PRIVATE") or ()}
-        guard = netguard.Guard(
-            netguard.AllowList.parse([host]), allow_private=allow_private, resolve=netguard.resolver,
-            deadline=time.monotonic() + timeout, timeout=timeout,
-            private_hint=f'add {host!r} to NEXO["CHANNELS"][{self.name!r}]["ALLOW_PRIVATE"] to reach it',
-        )
-        return httpx.Client(transport=netguard.GuardedTransport(guard), timeout=timeout, trust_env=False,
-                            follow_redirects=False)
+        clients: dict[str, tuple[netguard.Guard, httpx.Client]] = self._local.__dict__.setdefault("clients", {})
+        found = clients.get(host)
+        if found is None:
+            allow_private = host in {netguard.canonical_host(h) for h in self.options.get("ALLOW_PRIVATE") or ()}
+            guard = netguard.Guard(
+                netguard.AllowList.parse([host]), allow_private=allow_private, resolve=netguard.resolver,
+                deadline=time.monotonic() + timeout, timeout=timeout,
+                private_hint=f'add {host!r} to NEXO["CHANNELS"][{self.name!r}]["ALLOW_PRIVATE"] to reach it',
+            )
+            client = httpx.Client(transport=netguard.GuardedTransport(guard), timeout=timeout, trust_env=False,
+                                  follow_redirects=False)
+            found = clients[host] = (guard, client)
+        guard, client = found
+        guard.deadline = time.monotonic() + timeout
+        guard.connected.clear()
+        return client
 
 
 # --- what a notice is about --------------------------------------------------------------------

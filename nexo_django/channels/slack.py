@@ -77,14 +77,14 @@ class SlackChannel(Channel):
         Slack's ``error`` (and a 429's ``Retry-After``)."""
         url = str(self.options["BASE_URL"]).rstrip("/") + "/" + method
         headers = {"Authorization": f"Bearer {self.options['TOKEN']}"}
-        with self.client(url, float(self.options["TIMEOUT"])) as client:
-            try:
-                if form:
-                    response = client.post(url, data=fields, headers=headers)
-                else:
-                    response = client.post(url, json=fields, headers=headers)
-            except Exception as exc:  # connection refused, the guard's refusal, a timeout
-                raise DeliveryFailed(f"{method}: {type(exc).__name__}: {exc}") from exc
+        client = self.client(url, float(self.options["TIMEOUT"]))
+        try:
+            if form:
+                response = client.post(url, data=fields, headers=headers)
+            else:
+                response = client.post(url, json=fields, headers=headers)
+        except Exception as exc:  # connection refused, the guard's refusal, a timeout
+            raise DeliveryFailed(f"{method}: {type(exc).__name__}: {exc}") from exc
         if response.status_code == 429:
             try:
                 wait: float | None = float(response.headers.get("Retry-After", ""))

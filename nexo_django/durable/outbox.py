@@ -56,7 +56,7 @@ MAX_DELAY = timedelta(hours=1)
 #: notices a reconciler round delivers at most
 ROUND = 500
 COLUMNS = ("channel", "kind", "key", "run_id", "tool_call_id", "payload", "status", "attempts", "next_attempt_at",
-           "last_error", "created_at")
+           "claim", "last_error", "created_at")
 
 
 class DeliveryFailed(NexoError):
@@ -136,7 +136,7 @@ def rows(kind: str, run_id: Any, call_ids: Sequence[str], now: datetime, payload
     for name in listening(kind):
         for call_id in call_ids or [""]:
             key = notice_key(name, kind, run_id, subject if subject is not None else call_id)
-            found.append((name, kind, key, run_id, call_id, payload or {}, NoticeStatus.PENDING, 0, now, "", now))
+            found.append((name, kind, key, run_id, call_id, payload or {}, NoticeStatus.PENDING, 0, now, "", "", now))
     return found
 
 
@@ -202,20 +202,24 @@ def backoff(attempts: int, base: float) -> timedelta:
     return min(timedelta(seconds=float(base) * 2 ** max(attempts - 1, 0)), MAX_DELAY)
 
 
-def _claim(notice: Notice, now: datetime) -> bool:
-    claimed = Notice.objects.filter(pk=notice.pk, status=NoticeStatus.PENDING, next_attempt_at__lte=now,
-                                    attempts=notice.attempts).update(next_attempt_at=now + CLAIM,
-                                                                     attempts=F("attempts") + 1)
-    notice.attempts += 1
-    return bool(claimed)
+def claim(where: Q, now: datetime, limit: int = ROUND) -> list[Notice]:
+    """Take the due notices matching ``where`` (at most ``limit``), in one statement: each gets
+    this delivery's token and a ``next_attempt_at`` past the send's time, so no other process
+    takes it meanwhile. The notices taken."""
+    token = uuid.uuid4().hex
+    due = Notice.objects.filter(where, status=NoticeStatus.PENDING, next_attempt_at__lte=now)
+    pks = list(due.order_by("next_attempt_at", "id").values_list("pk", flat=True)[:limit])
+    if not pks:
+        return []
+    # The same conditions again: another process may have taken some between the read and this.
+    Notice.objects.filter(pk__in=pks, status=NoticeStatus.PENDING, next_attempt_at__lte=now).update(
+        claim=token, next_attempt_at=now + CLAIM, attempts=F("attempts") + 1)
+    return list(Notice.objects.filter(pk__in=pks, claim=token, status=NoticeStatus.PENDING).order_by("id"))
 
 
-def deliver_one(notice: Notice, now: datetime | None = None) -> str:
-    """Claim and deliver one notice; its status afterwards (``"busy"``: another process has it)."""
-    now = now or timezone.now()
-    if not _claim(notice, now):
-        return "busy"
-    mine = Notice.objects.filter(pk=notice.pk, status=NoticeStatus.PENDING, attempts=notice.attempts)
+def deliver_one(notice: Notice, now: datetime) -> str:
+    """Deliver one notice this process claimed; its status afterwards."""
+    mine = Notice.objects.filter(pk=notice.pk, status=NoticeStatus.PENDING, claim=notice.claim)
     try:
         target = channel(notice.channel)
         receipt = target.send(notice)
@@ -244,16 +248,19 @@ def deliver_one(notice: Notice, now: datetime | None = None) -> str:
 
 def deliver(keys: Iterable[str]) -> dict[str, str]:
     """Deliver the notices ``keys`` that are due (the job sent at commit)."""
+    keys = list(keys)
     now = timezone.now()
-    found = Notice.objects.filter(key__in=list(keys), status=NoticeStatus.PENDING, next_attempt_at__lte=now)
-    return {n.key: deliver_one(n, now) for n in found.order_by("id")}
+    found: dict[str, str] = {}
+    for start in range(0, len(keys), ROUND):
+        for notice in claim(Q(key__in=keys[start:start + ROUND]), now):
+            found[notice.key] = deliver_one(notice, now)
+    return found
 
 
 def deliver_due(now: datetime | None = None, limit: int = ROUND) -> dict[str, str]:
     """The reconciler's part: every pending notice whose time has come (up to ``limit``)."""
     now = now or timezone.now()
-    due = Notice.objects.filter(status=NoticeStatus.PENDING, next_attempt_at__lte=now).order_by("next_attempt_at", "id")
-    return {n.key: deliver_one(n, now) for n in list(due[:limit])}
+    return {n.key: deliver_one(n, now) for n in claim(Q(), now, limit)}
 
 
 def retry(notices: Iterable[Notice]) -> int:
