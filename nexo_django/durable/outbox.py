@@ -48,6 +48,9 @@ BACKENDS = {
     "slack": "nexo_django.channels.slack.SlackChannel",
     "webhook": "nexo_django.channels.webhook.WebhookChannel",
 }
+#: the channel of NOTIFY["EMAIL"] (a name no configured channel may take)
+EMAIL = "email"
+EMAIL_BACKEND = "nexo_django.durable.notify.EmailNotices"
 #: options every channel takes, and their defaults
 COMMON: dict[str, Any] = {"BACKEND": None, "EVENTS": list(KINDS), "MAX_ATTEMPTS": 12, "BACKOFF": 5, "REMIND_AFTER": None}
 #: how long one delivery may take before another process may claim the notice again
@@ -83,9 +86,14 @@ class Refused(NexoError):
 def configured() -> dict[str, dict[str, Any]]:
     """``NEXO["CHANNELS"]`` with the common defaults filled in (the checks say what is wrong)."""
     given = nexo_settings.CHANNELS
-    if not isinstance(given, dict):
-        return {}
-    return {name: {**COMMON, **options} for name, options in given.items() if isinstance(options, dict)}
+    found = {name: {**COMMON, **options} for name, options in (given if isinstance(given, dict) else {}).items()
+             if isinstance(options, dict)}
+    notify = nexo_settings.NOTIFY
+    if isinstance(notify, dict) and notify.get("EMAIL"):
+        # The approvers' emails (durable/notify.py): one per suspension, listing its calls.
+        found[EMAIL] = {**COMMON, "BACKEND": EMAIL_BACKEND, "EVENTS": ["approval.requested", "approval.reminder"],
+                        "GROUPED": True, "REMIND_AFTER": notify.get("REMIND_AFTER")}
+    return found
 
 
 def backend_path(options: dict[str, Any]) -> str:
@@ -133,7 +141,14 @@ def rows(kind: str, run_id: Any, call_ids: Sequence[str], now: datetime, payload
     """The rows of ``kind`` for every channel that listens to it: one per call (or one for the
     run when ``call_ids`` is empty)."""
     found: list[tuple[Any, ...]] = []
+    channels = configured()
     for name in listening(kind):
+        if channels[name].get("GROUPED") and len(call_ids) > 1:
+            # One notice for every call of the turn (an email listing them), keyed by the first.
+            key = notice_key(name, kind, run_id, call_ids[0])
+            grouped = {**(payload or {}), "calls": list(call_ids)}
+            found.append((name, kind, key, run_id, call_ids[0], grouped, NoticeStatus.PENDING, 0, now, "", "", now))
+            continue
         for call_id in call_ids or [""]:
             key = notice_key(name, kind, run_id, subject if subject is not None else call_id)
             found.append((name, kind, key, run_id, call_id, payload or {}, NoticeStatus.PENDING, 0, now, "", "", now))
@@ -183,12 +198,18 @@ def remind(now: datetime) -> list[str]:
                                           created_at__lte=now - timedelta(seconds=float(after)))
         reminded = set(Notice.objects.filter(channel=name, kind="approval.reminder",
                                              run_id__in=waiting.values("run_id")).values_list("key", flat=True))
+        by_run: dict[Any, list[str]] = {}
+        for run_id, call_id in waiting.order_by("created_at", "id").values_list("run_id", "tool_call_id")[:ROUND]:
+            by_run.setdefault(run_id, []).append(call_id)
         new = []
-        for run_id, call_id in waiting.values_list("run_id", "tool_call_id")[:ROUND]:
-            key = notice_key(name, "approval.reminder", run_id, call_id)
-            if key not in reminded:
-                new.append(Notice(channel=name, kind="approval.reminder", key=key, run_id=run_id, tool_call_id=call_id,
-                                  next_attempt_at=now, created_at=now))
+        for run_id, call_ids in by_run.items():
+            grouped = bool(options.get("GROUPED"))
+            for call_id in call_ids[:1] if grouped else call_ids:
+                key = notice_key(name, "approval.reminder", run_id, call_id)
+                if key not in reminded:
+                    new.append(Notice(channel=name, kind="approval.reminder", key=key, run_id=run_id,
+                                      tool_call_id=call_id, payload={"calls": call_ids} if grouped else {},
+                                      next_attempt_at=now, created_at=now))
         if new:
             Notice.objects.bulk_create(new, ignore_conflicts=True)
             keys += [n.key for n in new]

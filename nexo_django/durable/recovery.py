@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from ..conf import nexo_settings
 from ..models import AgentRun, CallStatus, RunEvent, RunMessage, RunStatus, ToolCall
-from . import dispatch, notify, outbox
+from . import dispatch, outbox
 from .expiry import expire_overdue
 from .queue_health import queue_warning
 from .runs import transition, wake
@@ -37,7 +37,7 @@ class Report:
     needs_attention: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     resent: list[str] = field(default_factory=list)
-    #: the run of each call expired without a decision, and the notices and reminders emailed
+    #: the run of each call expired without a decision; the outbox's requests and reminders delivered
     expired: list[str] = field(default_factory=list)
     notified: int = 0
     reminded: int = 0
@@ -80,11 +80,10 @@ def reconcile(
         _recover_expired(run, now, report)
     # Calls past their deadline are expired (a decision each: their runs wake as decisions do).
     report.expired = expire_overdue(now)
-    report.notified, report.reminded = notify.reconcile_notices(now)
     # The outbox: reminders due, then every notice whose time has come (a receiver was down, the
-    # job was lost with Redis, a worker died mid-send).
+    # job was lost with Redis, a worker died mid-send): emails to the approvers included.
     outbox.remind(now)
-    report.delivered = sum(1 for s in outbox.deliver_due(now).values() if s == "delivered")
+    _count_deliveries(outbox.deliver_due(now), report)
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
     _resend_lost_jobs(now - grace, report)
     _wake_forgotten(None if full else now - max(RECENT, 10 * grace), report)
@@ -92,6 +91,13 @@ def reconcile(
     if report.requeued or report.needs_attention or report.failed or report.resent or report.expired:
         log.info("reconcile: %s", report)
     return report
+
+
+def _count_deliveries(statuses: dict[str, str], report: Report) -> None:
+    delivered = [key for key, status in statuses.items() if status == "delivered"]
+    report.delivered = len(delivered)
+    report.notified = sum(1 for key in delivered if key.startswith("approval.requested:"))
+    report.reminded = sum(1 for key in delivered if key.startswith("approval.reminder:"))
 
 
 def _resend_lost_jobs(before: datetime, report: Report) -> None:

@@ -55,7 +55,7 @@ from ..models import (
 )
 from ..signals import approval_decided, approval_requested, run_status_changed
 from ..storable import UnstorableValue
-from . import dispatch, notify, outbox, rules, sql
+from . import dispatch, outbox, rules, sql
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
 if TYPE_CHECKING:
@@ -331,7 +331,6 @@ def _drive(
         new_pending = _apply_rules(run, journal.new_pending)
         if new_pending:
             transaction.on_commit(lambda: _send_requested(new_pending, run))
-            notify.on_suspended(run, new_pending)
         if len(new_pending) < len(journal.new_pending):
             # The rules' decisions may have woken the run (an inline queue ran it already).
             sql.refresh(run)
