@@ -14,6 +14,11 @@ with ``INCLUDE_ARGS``. Headers: ``X-Nexo-Signature: t=<unix>,v1=<HMAC-SHA256(SEC
 body)>`` (:func:`nexo_django.channels.signing.verify_signature` checks it), ``Idempotency-Key`` and
 ``X-Nexo-Event`` (the type). A 2xx answer delivers it; anything else is tried again (``Retry-After``
 honoured), with the same key.
+
+With ``"DECIDE": True`` the channel also takes decisions: a POST to its endpoint
+(``nexo_django.channel_urls``) signed the same way with the same ``SECRET``, verified (signature,
+five-minute window, replay) before its body is read, decided through the admin's checks
+(:meth:`WebhookChannel.decide`).
 """
 
 from __future__ import annotations
@@ -22,11 +27,16 @@ import json
 from typing import Any
 
 import httpx
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.module_loading import import_string
 
-from ..durable.outbox import DeliveryFailed
+from ..core.errors import AlreadyDecided, ApprovalExpired, StaleDecision
+from ..durable.outbox import DeliveryFailed, Refused
 from ..models import AgentRun, Notice, ToolCall
 from .base import Channel, admin_url, run_urls, subject
-from .signing import sign
+from .signing import SignatureError, sign, verify_signature
 
 
 def retry_after(response: httpx.Response) -> float | None:
@@ -68,7 +78,8 @@ def event(notice: Notice, run: AgentRun | None, call: ToolCall | None, *, args: 
 
 
 class WebhookChannel(Channel):
-    defaults = {"URL": "", "SECRET": "", "INCLUDE_ARGS": False, "ALLOW_PRIVATE": [], "TIMEOUT": 10}
+    defaults = {"URL": "", "SECRET": "", "INCLUDE_ARGS": False, "ALLOW_PRIVATE": [], "TIMEOUT": 10,
+                "DECIDE": False, "GET_USER": None}
     required = ("URL", "SECRET")
 
     @classmethod
@@ -94,3 +105,50 @@ class WebhookChannel(Channel):
         if not 200 <= response.status_code < 300:
             raise DeliveryFailed(f"POST {url}: HTTP {response.status_code}", retry_after=retry_after(response))
         return {"status": response.status_code}
+
+    # --- deciding from a signed request (only with "DECIDE": True) ---------------------------
+
+    def verify(self, request: HttpRequest) -> None:
+        if not self.options["DECIDE"]:
+            raise Refused(f"channel {self.name!r} takes no decisions (its DECIDE option is off)")
+        try:
+            verify_signature(self.options["SECRET"], request.headers.get("X-Nexo-Signature"), request.body)
+        except SignatureError as exc:
+            raise Refused(str(exc)) from None
+        self.remember(request.headers["X-Nexo-Signature"])
+
+    def get_user(self, body: dict[str, Any]) -> Any:
+        """The Django user the sending system says decided (``body["user"]``), or None. By default
+        the active user with that username; name a ``callable(channel, body)`` in ``GET_USER`` (or
+        override this) to map your systems' ids. The signature proves the system, which vouches
+        for the person: give ``DECIDE`` only to a system that authenticates its users."""
+        hook = self.options.get("GET_USER")
+        if hook:
+            return import_string(hook)(self, body)
+        model = get_user_model()
+        return model._default_manager.filter(**{model.USERNAME_FIELD: body["user"], "is_active": True}).first()
+
+    def decide(self, request: HttpRequest) -> HttpResponse:
+        """``{"call": <id>, "digest": "...", "verdict": "approve" | "deny", "user": "...", "note": ""}``:
+        200 with the decision; 400 a malformed body; 403 a person who may not decide; 404 no such
+        call; 409 already decided, expired, or a stale digest (nothing recorded then)."""
+        try:
+            body = json.loads(request.body)
+            call_pk, digest, person = int(body["call"]), str(body["digest"]), str(body["user"])
+            note = str(body.get("note", ""))[:2000]
+            if body["verdict"] not in ("approve", "deny"):
+                raise ValueError(body["verdict"])
+        except (ValueError, KeyError, TypeError):
+            return JsonResponse({"error": 'give {"call", "digest", "verdict": "approve" | "deny", "user"}'},
+                                status=400)
+        call = ToolCall.objects.filter(pk=call_pk).select_related("run").first()
+        if call is None:
+            return JsonResponse({"error": "no such call"}, status=404)
+        try:
+            decision = self.decide_call(call, approved=body["verdict"] == "approve", user=self.get_user(body),
+                                        digest=digest, channel_user=f"webhook:{person}"[:255], note=note)
+        except PermissionDenied as exc:
+            return JsonResponse({"error": str(exc) or "may not decide"}, status=403)
+        except (AlreadyDecided, ApprovalExpired, StaleDecision) as exc:
+            return JsonResponse({"error": str(exc)}, status=409)
+        return JsonResponse({"verdict": decision.verdict, "source": decision.source, "call": call.pk})
