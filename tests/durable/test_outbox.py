@@ -13,7 +13,7 @@ from django.utils import timezone
 from nexo_django.durable import outbox
 from nexo_django.durable.recovery import reconcile
 from nexo_django.models import Notice, NoticeStatus, RunStatus
-from tests.channel_servers import WebhookReceiver
+from tests.channel_servers import WebhookReceiver, wait_for
 from tests.durable_agents import Scribe
 from tests.servers import free_port
 
@@ -119,3 +119,21 @@ def test_the_run_end_is_a_notice_too(settings: Any, tmp_path: Path) -> None:
         run.pending_calls().get().approve()
     assert [e["type"] for e in receiver.posts] == ["approval.requested", "approval.decided", "run.done"]
     assert receiver.posts[2]["run"]["status"] == "done"
+
+
+@pytest.mark.redis
+def test_a_worker_delivers_the_notices_of_the_changes_it_commits(rq_worker: Any, settings: Any, tmp_path: Path) -> None:
+    """A real rqworker: the run's suspension (in the worker), the decision (here) and the run's end
+    (in the worker) each send the job that delivers their notice; the receiver gets each once."""
+    with WebhookReceiver(SECRET) as receiver:
+        settings.NEXO = {**settings.NEXO, **hook(receiver)}
+        rq_worker(1)
+        run = Scribe.run_later("write", cwd=tmp_path)
+        wait_for(lambda: receiver.posts, timeout=60)
+        run.refresh_from_db()
+        assert run.status == RunStatus.SUSPENDED and receiver.posts[0]["type"] == "approval.requested"
+        run.pending_calls().get().approve()
+        wait_for(lambda: len(receiver.posts) >= 3, timeout=60)
+    assert sorted(e["type"] for e in receiver.posts) == ["approval.decided", "approval.requested", "run.done"]
+    assert len({e["id"] for e in receiver.posts}) == 3
+    assert Notice.objects.filter(status=NoticeStatus.DELIVERED).count() == 3
