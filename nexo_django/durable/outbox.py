@@ -4,7 +4,7 @@ written in the transaction of the change that causes it, then delivered, with re
 Written by: the suspending commit of a run (``approval.requested``, one per waiting call and
 channel: :func:`on_close`, a step of the journal's batch), a decision's batch
 (``approval.decided`` / ``approval.expired``: :func:`on_decided`), the closing commit of a run that
-ends (``run.done`` / ``run.failed``), and the reconciler (``approval.reminder``). So a notice exists
+ends (``run.done`` / ``run.failed``), a cancel's (``run.cancelled``), and the reconciler (``approval.reminder``). So a notice exists
 if and only if its change committed: none is lost when Redis, the worker or the receiver is down.
 
 Delivered by: a job sent at commit (:func:`wake`: an rq job, or inline at commit on an inline
@@ -42,7 +42,8 @@ from . import dispatch
 log = logging.getLogger("nexo_django.outbox")
 
 #: every kind of notice, in the order of a call's life
-KINDS = ("approval.requested", "approval.reminder", "approval.decided", "approval.expired", "run.done", "run.failed")
+KINDS = ("approval.requested", "approval.reminder", "approval.decided", "approval.expired", "run.done", "run.failed",
+         "run.cancelled")
 #: the channels the app ships, by their short name in ``BACKEND``
 BACKENDS = {
     "slack": "nexo_django.channels.slack.SlackChannel",
@@ -166,7 +167,7 @@ def on_close(batch: Any, run: AgentRun, status: str, pending: Sequence[ToolCall]
     waiting, or the run's end. The keys, to :func:`wake` once the batch committed."""
     if status == "suspended":
         found = rows("approval.requested", run.pk, [c.tool_call_id for c in pending], now)
-    elif status in ("done", "failed"):
+    elif status in ("done", "failed", "cancelled"):
         # A failed run may be retried and fail again: each failure is a notice of its own.
         subject = "" if status == "done" else uuid.uuid4().hex[:12]
         found = rows(f"run.{status}", run.pk, [], now, subject=subject)
@@ -183,6 +184,14 @@ def on_decided(batch: Any, call: ToolCall, source: str, now: datetime) -> list[s
     found = rows(kind, call.run_id, [call.tool_call_id], now, {"source": source})
     if found:
         batch.insert(Notice, COLUMNS, found)
+    return [r[2] for r in found]
+
+
+def write(kind: str, run_id: Any, now: datetime) -> list[str]:
+    """Write a run's notice of ``kind`` now (inside the caller's transaction: with its change)."""
+    found = rows(kind, run_id, [], now)
+    if found:
+        Notice.objects.bulk_create([Notice(**dict(zip(COLUMNS, r, strict=True))) for r in found])
     return [r[2] for r in found]
 
 

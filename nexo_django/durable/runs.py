@@ -651,6 +651,7 @@ def cancel_run(run: AgentRun, *, by: Any = None, reason: str = "") -> bool:
                     status=CallStatus.EXPIRED, updated_at=timezone.now()
                 )
                 _event(run.pk, "cancelled", by=str(_user(by) or ""), reason=reason)
+                outbox.wake(outbox.write("run.cancelled", run.pk, timezone.now()))
                 run.refresh_from_db()
                 return True
     return False

@@ -252,3 +252,14 @@ def timedelta_seconds(seconds: float) -> Any:
     from datetime import timedelta
 
     return timedelta(seconds=seconds)
+
+
+def test_a_cancelled_run_takes_the_buttons_away(slack: SlackServer, dora: Any, tmp_path: Path) -> None:
+    call = suspend(tmp_path)
+    call.run.cancel()
+    notice = Notice.objects.get(kind="run.cancelled")
+    assert notice.status == NoticeStatus.DELIVERED
+    message = message_of(slack, call)
+    assert buttons(message) == [] and "Not decided: the run is cancelled." in text_of(message)
+    click(call, slack)  # a click after that decides nothing
+    assert not Decision.objects.exists()
