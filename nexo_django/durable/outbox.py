@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -57,8 +58,10 @@ COMMON: dict[str, Any] = {"BACKEND": None, "EVENTS": list(KINDS), "MAX_ATTEMPTS"
 #: how long one delivery may take before another process may claim the notice again
 CLAIM = timedelta(seconds=60)
 MAX_DELAY = timedelta(hours=1)
-#: notices a reconciler round delivers at most
+#: notices a reconciler round delivers at most, for about this long, taking this many at a time
 ROUND = 500
+ROUND_SECONDS = 30.0
+CHUNK = 50
 COLUMNS = ("channel", "kind", "key", "run_id", "tool_call_id", "payload", "status", "attempts", "next_attempt_at",
            "claim", "last_error", "created_at")
 
@@ -287,10 +290,20 @@ def deliver(keys: Iterable[str]) -> dict[str, str]:
     return found
 
 
-def deliver_due(now: datetime | None = None, limit: int = ROUND) -> dict[str, str]:
-    """The reconciler's part: every pending notice whose time has come (up to ``limit``)."""
+def deliver_due(now: datetime | None = None, limit: int = ROUND, budget: float = ROUND_SECONDS) -> dict[str, str]:
+    """The reconciler's part: the pending notices whose time has come, up to ``limit`` and for
+    about ``budget`` seconds (claimed a few at a time: receivers that hang until their timeout
+    hold up one round that long, not the whole backlog's worth)."""
     now = now or timezone.now()
-    return {n.key: deliver_one(n, now) for n in claim(Q(), now, limit)}
+    stop = time.monotonic() + budget
+    found: dict[str, str] = {}
+    while len(found) < limit and time.monotonic() < stop:
+        taken = claim(Q(), now, min(CHUNK, limit - len(found)))
+        if not taken:
+            break
+        for notice in taken:
+            found[notice.key] = deliver_one(notice, now)
+    return found
 
 
 def retry(notices: Iterable[Notice]) -> int:
