@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from nexo_django.durable import outbox
 from nexo_django.durable.recovery import reconcile
-from nexo_django.models import Notice, NoticeStatus, RunStatus
+from nexo_django.models import Notice, NoticeStatus, RunStatus, ToolCall
 from tests.channel_servers import WebhookReceiver, wait_for
 from tests.durable_agents import Scribe
 from tests.servers import free_port
@@ -137,3 +137,22 @@ def test_a_worker_delivers_the_notices_of_the_changes_it_commits(rq_worker: Any,
     assert sorted(e["type"] for e in receiver.posts) == ["approval.decided", "approval.requested", "run.done"]
     assert len({e["id"] for e in receiver.posts}) == 3
     assert Notice.objects.filter(status=NoticeStatus.DELIVERED).count() == 3
+
+
+def test_one_reminder_then_the_expiry_each_once(settings: Any, tmp_path: Path) -> None:
+    with WebhookReceiver(SECRET) as receiver:
+        settings.NEXO = hook(receiver, REMIND_AFTER=60)
+        run = Scribe.run("write", cwd=tmp_path)
+        call = run.pending_calls().get()
+        start = timezone.now()
+        assert reconcile(now=start + timedelta(seconds=30)).reminded == 0
+        assert reconcile(now=start + timedelta(minutes=2)).reminded == 1
+        assert reconcile(now=start + timedelta(minutes=3)).reminded == 0
+        ToolCall.objects.filter(pk=call.pk).update(expires_at=start)
+        reconcile(now=start + timedelta(minutes=4))
+        reconcile(now=start + timedelta(minutes=5))
+    types = [e["type"] for e in receiver.posts]
+    assert types[:3] == ["approval.requested", "approval.reminder", "approval.expired"]
+    assert types.count("approval.reminder") == 1 and types.count("approval.expired") == 1
+    expired = receiver.posts[2]
+    assert expired["decision"]["source"] == "expiry" and expired["call"]["status"] == "expired"
