@@ -13,9 +13,10 @@ class NexoDjangoConfig(AppConfig):
         # operations, and a saved or deleted standing rule is looked up again. No database, no
         # Redis. Imported here, not at the top: this module loads before the models can
         # (Django's app loading order), and these imports load models.
-        from django.db.models.signals import post_delete, post_save
+        from django.db.models.signals import post_delete, post_save, pre_save
 
         from . import checks  # noqa: F401
+        from .durable import rule_history
         from .durable.operations import DurableOperations
         from .durable.rules import forget
         from .models import ApprovalRule, install_operations
@@ -23,3 +24,7 @@ class NexoDjangoConfig(AppConfig):
         install_operations(DurableOperations())
         for signal in (post_save, post_delete):
             signal.connect(forget, sender=ApprovalRule, dispatch_uid=f"nexo_django.rules.forget.{signal is post_save}")
+        # Every change of a rule is recorded: who, when, before and after (durable.rule_history).
+        pre_save.connect(rule_history.before_save, sender=ApprovalRule, dispatch_uid="nexo_django.rules.before_save")
+        post_save.connect(rule_history.after_save, sender=ApprovalRule, dispatch_uid="nexo_django.rules.after_save")
+        post_delete.connect(rule_history.after_delete, sender=ApprovalRule, dispatch_uid="nexo_django.rules.after_delete")

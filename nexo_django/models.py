@@ -356,6 +356,8 @@ class ToolCall(models.Model):
     #: When the approvers were emailed about it, and reminded (claimed by a compare-and-set).
     notified_at = models.DateTimeField(null=True, blank=True)
     reminded_at = models.DateTimeField(null=True, blank=True)
+    #: The MCP server of an MCP tool's call (what the inbox names first, with the tool).
+    server = models.CharField(max_length=200, blank=True, default="")
     #: Filled by the database when the row is written (pages read these, not a big value).
     args_size = stored_size("args")
     args_head = stored_head("args")
@@ -442,6 +444,12 @@ class ApprovalRule(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     note = models.TextField(blank=True, default="", help_text="Why; kept with each decision it makes.")
+    #: Who changed it last, and when. An author as much as its creator: with self-approval off,
+    #: a rule does not approve the runs of anyone who created or ever changed it.
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    changed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["tool", "agent", "path", "id"]
@@ -471,6 +479,9 @@ class Decision(models.Model):
     #: The version of the call's file the approver was shown ("": there was no file), bound to
     #: the approval: the write runs only while the file is still that version.
     file_version = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001 - None: none shown
+    #: What the rule said when it decided (id, agent, tool, path, verdict, note): the audit shows
+    #: it after the rule is edited, disabled or deleted.
+    rule_said = StoredJSONField(null=True, blank=True)
     #: Who decided in the channel's own terms (e.g. a Slack team and user id), beside
     #: ``decided_by``; "" for a decision made in the admin, the JSON endpoint or Python.
     channel_user = models.CharField(max_length=255, blank=True, default="")
@@ -522,6 +533,42 @@ class PendingApproval(ToolCall):
     def __str__(self) -> str:
         # The admin puts this in attributes and messages; names come from models and MCP servers.
         return mark_hidden(f"{self.name} {self.tool_call_id} ({self.status})")
+
+
+class ApprovalRuleChange(models.Model):
+    """One change of a standing rule (created, changed, deleted): who, when, what it said before
+    and after. Appended, never rewritten; kept when the rule is deleted."""
+
+    rule = models.ForeignKey(ApprovalRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="changes")
+    #: The rule's id, kept after it is deleted.
+    rule_pk = models.BigIntegerField()
+    action = models.CharField(max_length=10)  # "created", "changed", "deleted"
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    changed_at = models.DateTimeField(auto_now_add=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["rule_pk", "id"]
+        indexes = [models.Index(fields=["rule_pk", "changed_by"], name="nexo_rulechange_rule_by")]
+
+    def __str__(self) -> str:
+        return f"rule #{self.rule_pk} {self.action} by {self.changed_by or 'nobody known'}"
+
+
+#: Where a decision came from (``Decision.source``), as the decision log and its export show it.
+#: docs/admin.md lists the same names (tests/admin/test_decision_sources.py checks it).
+DECISION_SOURCES: dict[str, str] = {
+    "admin": "the decision page in the admin (also reached from a notice's link)",
+    "admin-bulk": "the inbox's bulk actions",
+    "json": "the JSON endpoint runs/<id>/calls/<call>/decide/",
+    "api": "Python: call.approve(), call.deny(), aapprove(), adeny()",
+    "resume": "Python: run.resume(), every pending call of the run at once",
+    "rule": "a standing rule",
+    "expiry": "nobody decided in time (the reconciler)",
+}
 
 
 class NoticeStatus(models.TextChoices):

@@ -9,7 +9,6 @@ project's own templates folder.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -35,10 +34,18 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.generic import DetailView, ListView
 
 from .bounded import bounded_json, bounded_text, long_strings, message_view
-from .core.errors import AlreadyDecided, FollowUpRefused, InvalidEditedArguments, StaleDecision
+from .core.errors import (
+    AlreadyDecided,
+    ApprovalExpired,
+    ApprovalRefused,
+    FollowUpRefused,
+    InvalidEditedArguments,
+    StaleDecision,
+)
 from .display import is_hidden
-from .durable import live, runs
+from .durable import live, outcomes, runs
 from .durable.queue_health import queue_warning
+from .jsonbody import BadJSON, request_json
 from .models import ACTIVE_RUN_STATUSES, AgentRun, RunEvent, RunStatus, ToolCall
 
 #: Runs of a conversation a run's page lists at most (the ones nearest the run shown).
@@ -147,11 +154,16 @@ def run_status(run: AgentRun, *, operator: bool = True) -> dict[str, Any]:
              # their size), and for a write the version of the file it would replace, to bind an
              # approval to.
              "args": c.args if (c.args_size or 0) <= JSON_ARGS_MAX else None, "args_size": c.args_size,
-             "file_version": versions[c.pk]}
+             "file_version": versions[c.pk],
+             # From its deadline on a call is expired, whether or not the reconciler has run.
+             "expires_at": c.expires_at.isoformat() if c.expires_at else None,
+             "expired": outcomes.is_expired(c)}
             for c in pending
         ],
         "updated_at": run.updated_at.isoformat(),
-        "version": f"{run.status}:{messages}:{len(pending)}:{run.updated_at.isoformat()}",
+        # A call passing its deadline changes the page too (it reads expired, reconciled or not).
+        "version": f"{run.status}:{messages}:{len(pending)}:{sum(outcomes.is_expired(c) for c in pending)}:"
+                   f"{run.updated_at.isoformat()}",
     }
 
 
@@ -298,7 +310,7 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
             run_admin_url(run) if run.status == RunStatus.NEEDS_ATTENTION and operator else None
         )
         context["pending"] = [
-            {"call": c, "args": bounded_json(c.args).html,
+            {"call": c, "args": bounded_json(c.args).html, "expired": outcomes.is_expired(c),
              "texts": [(key, text.html) for key, text in long_strings(c.args)],
              "inbox_url": self.get_inbox_url(c)} for c in run.pending_calls()
         ]
@@ -422,9 +434,9 @@ class CallDecisionView(View):
         if not request.user.has_perm("nexo_django.decide_toolcall"):
             return JsonResponse({"error": "deciding needs the permission nexo_django.decide_toolcall"}, status=403)
         try:
-            body = json.loads(request.body or b"{}")
-        except ValueError:
-            return JsonResponse({"error": "the body must be JSON: {\"verdict\": ..., \"digest\": ...}"}, status=400)
+            body = request_json(request, empty={})
+        except BadJSON as exc:
+            return JsonResponse({"error": f"{exc}; send {{\"verdict\": ..., \"digest\": ...}}"}, status=400)
         refused = _decision_refused(body)
         if refused:
             return JsonResponse({"error": refused}, status=400)
@@ -437,7 +449,9 @@ class CallDecisionView(View):
                 call, approved=approved, by=request.user, note=body.get("note", "")[:2000], digest=body["digest"],
                 source="json", stop=bool(body.get("stop")), args=body.get("args"), file_version=body.get("file_version"),
             )
-        except (AlreadyDecided, StaleDecision) as exc:
+        except ApprovalExpired:
+            return JsonResponse({"error": outcomes.expired_sentence(call), "expired": True}, status=409)
+        except (AlreadyDecided, StaleDecision, ApprovalRefused) as exc:
             return JsonResponse({"error": str(exc)}, status=409)
         except InvalidEditedArguments as exc:
             return JsonResponse({"error": str(exc)}, status=400)

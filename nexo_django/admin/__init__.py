@@ -11,7 +11,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
+from django.db.models import Count, F, IntegerField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
@@ -25,7 +25,7 @@ from django.views.decorators.clickjacking import xframe_options_deny
 from ..bounded import preview
 from ..conf import nexo_settings
 from ..display import mark_hidden, reveal
-from ..durable import runs
+from ..durable import outcomes, rule_history, runs
 from ..durable.queue_health import queue_warning
 from ..models import (
     AgentRun,
@@ -35,7 +35,7 @@ from ..models import (
     RunStatus,
     ToolCall,
 )
-from . import audit, downloads, outbox, rules, views
+from . import audit, downloads, outbox, rules, targets, views
 from .base import NexoModelAdmin
 from .filters import AgeFilter, AgentFilter, CapabilityFilter, RunAgentFilter, ToolFilter
 from .forms import DecisionForm
@@ -141,9 +141,13 @@ class PendingApprovalAdmin(NexoModelAdmin):
     def arguments(self, obj: ToolCall) -> SafeString:
         # The hidden digest makes bulk approval "what you saw is what you approve", as on the
         # decision page: the changelist rows sit inside the action form.
+        # What the call acts on comes first (admin.targets), then the arguments.
+        kind, target = targets.call_target(obj.name, obj.capability, obj.args, obj.server)
+        lead = format_html('<span class="nexo-target" title="{}"><small>{}</small> <code>{}</code></span><br>',
+                           kind, kind, reveal(targets.short(target), keep="")) if target else ""
         return format_html(
-            '<span class="nexo-preview">{}</span><input type="hidden" name="digest_{}" value="{}">',
-            preview(obj.args), obj.pk, obj.digest,
+            '{}<span class="nexo-preview">{}</span><input type="hidden" name="digest_{}" value="{}">',
+            lead, preview(obj.args), obj.pk, obj.digest,
         )
 
     @admin.display(description="started by", ordering="run__created_by")
@@ -155,8 +159,9 @@ class PendingApprovalAdmin(NexoModelAdmin):
         if obj.expires_at is None:
             return format_html('<span class="nexo-deadline">{}</span>', "no deadline")
         left = obj.expires_at - timezone.now()
+        # From the deadline on it is expired, whether or not the reconciler has run.
         words = (f"expires in {timesince(timezone.now(), obj.expires_at, depth=1)}" if left.total_seconds() > 0
-                 else "overdue: expires at the next reconcile")
+                 else "expired: it can no longer be decided")
         return format_html('<span class="nexo-deadline" title="{}">{}</span>',
                            obj.expires_at.isoformat(" ", "seconds"), words)
 
@@ -307,7 +312,7 @@ class DecisionAdmin(NexoModelAdmin):
     """Read-only audit log: who decided what, when, on which digest."""
 
     list_display = ("decided_at", "verdict", "tool", "run_column", "decided_by", "channel_user", "source", "rule_column", "edited",
-                    "stop", "note_preview")
+                    "stop", "note_preview", "outcome")
     list_display_links = None
     list_filter = (audit.OutcomeFilter, "verdict", "source", "stop", ("decided_by", admin.RelatedOnlyFieldListFilter))
     search_fields = ("tool_call__run__id", "tool_call__name")
@@ -325,7 +330,18 @@ class DecisionAdmin(NexoModelAdmin):
         if obj.rule_id is None:
             return "—"
         url = reverse(f"{self.admin_site.name}:nexo_django_approvalrule_change", args=[obj.rule_id])
-        return format_html('<a href="{}">#{}</a>', url, obj.rule_id)
+        # What the rule said when it decided (it may say something else now, or be disabled).
+        said = rule_history.describe(obj.rule_said)
+        return format_html('<a href="{}">#{}</a>{}', url, obj.rule_id,
+                           format_html("<br><small>{}</small>", reveal(said)) if said else "")
+
+    @admin.display(description="outcome")
+    def outcome(self, obj: Decision) -> str:
+        return outcomes.of_call(obj.tool_call, obj, getattr(obj, "nexo_run_status", None)).text
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Decision]:
+        # The run's status, for the outcome of an approved call that never ran (not the run's row).
+        return super().get_queryset(request).annotate(nexo_run_status=F("tool_call__run__status"))
 
     @admin.display(description="tool")
     def tool(self, obj: Decision) -> SafeString:

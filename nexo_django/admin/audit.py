@@ -17,19 +17,20 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.utils import timezone
 
+from ..durable import outcomes
 from ..models import Decision, Verdict
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
 
 CHUNK = 2000
-COLUMNS = ("decided_at", "verdict", "source", "decided_by", "channel_user", "run", "agent", "tool", "call_id", "capability",
-           "args", "digest", "edited", "stop", "note", "rule")
+COLUMNS = ("decided_at", "verdict", "source", "decided_by", "channel_user", "run", "agent", "tool", "call_id",
+           "capability", "args", "digest", "edited", "stop", "note", "rule", "rule_said", "outcome", "outcome_detail")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 #: (label, filter) of each outcome: an expiry is neither a person's denial nor a rule's
@@ -58,6 +59,7 @@ class OutcomeFilter(admin.SimpleListFilter):
 
 def row(decision: Decision) -> dict[str, Any]:
     call = decision.tool_call
+    happened = outcomes.of_call(call, decision, getattr(decision, "nexo_run_status", None))
     return {
         "decided_at": decision.decided_at.isoformat(),
         "verdict": decision.verdict,
@@ -76,6 +78,11 @@ def row(decision: Decision) -> dict[str, Any]:
         "stop": decision.stop,
         "note": decision.note,
         "rule": decision.rule_id,
+        # What the rule said when it decided, whatever it says now.
+        "rule_said": decision.rule_said,
+        # What happened after the decision (durable.outcomes), from the call's row.
+        "outcome": happened.kind,
+        "outcome_detail": happened.text,
     }
 
 
@@ -124,6 +131,8 @@ def export_view(model_admin: ModelAdmin[Any], request: HttpRequest, fmt: str) ->
     except IncorrectLookupParameters:
         return HttpResponseBadRequest("these filters are not the changelist's; export from the decisions page")
     queryset = changelist.get_queryset(request).select_related("tool_call", "decided_by")
+    if "nexo_run_status" not in queryset.query.annotations:  # a project's own admin, not DecisionAdmin's
+        queryset = queryset.annotate(nexo_run_status=F("tool_call__run__status"))
     decisions = queryset.iterator(chunk_size=CHUNK)
     stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
     response: StreamingHttpResponse

@@ -9,6 +9,7 @@ from typing import Any
 from django import forms
 
 from ..core.errors import InvalidEditedArguments
+from ..jsonbody import BadJSON, read_json
 from ..models import ToolCall, args_digest
 
 APPROVE = "approve"
@@ -98,9 +99,9 @@ class DecisionForm(forms.Form):
             self.add_error("edited_args", f"Edited arguments are limited to {EDITED_MAX_CHARS} characters.")
             return data
         try:
-            edited = json.loads(text)
-        except ValueError as exc:
-            self.add_error("edited_args", f"This is not valid JSON: {exc}")
+            edited = read_json(text, what="the edited arguments", max_bytes=4 * EDITED_MAX_CHARS)
+        except BadJSON as exc:
+            self.add_error("edited_args", f"{str(exc)[0].upper()}{str(exc)[1:]}.")
             return data
         if not isinstance(edited, dict):
             self.add_error("edited_args", "The arguments must be a JSON object ({...}).")

@@ -4,6 +4,10 @@ A rule is created by a person with the decide permission (here, or from a call's
 Django's admin log records who and when, and the rule keeps ``created_by``/``created_at``. The
 list shows how many calls each rule decided. A rule that decided something cannot be deleted (its
 decisions point at it and are immutable): disable it instead.
+
+Whoever saves a rule here becomes ``changed_by``, one of its authors (four eyes: a rule does not
+approve its authors' runs); every change is recorded with what the rule said before and after,
+and listed on the rule's page (:mod:`nexo_django.durable.rule_history`).
 """
 
 from __future__ import annotations
@@ -16,11 +20,11 @@ from django.contrib.admin.models import ADDITION, LogEntry
 from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from ..display import is_hidden, reveal
-from ..durable import rules, runs
-from ..models import ApprovalRule, RunEvent, ToolCall, Verdict
+from ..durable import rule_history, rules, runs
+from ..models import ApprovalRule, ApprovalRuleChange, RunEvent, ToolCall, Verdict
 from . import loading
 from .base import DECIDE_PERMISSION
 
@@ -41,12 +45,12 @@ class ApprovalRuleForm(forms.ModelForm):
 class ApprovalRuleAdmin(admin.ModelAdmin):
     form = ApprovalRuleForm
     list_display = ("rule", "agent_column", "tool_column", "path_column", "verdict", "enabled", "expires_at",
-                    "created_by", "created_at", "decided")
+                    "created_by", "changed_by", "decided")
     list_display_links = ("rule",)
     list_filter = ("verdict", "enabled", "tool")
     search_fields = ("agent", "tool", "path", "note")
-    readonly_fields = ("created_by", "created_at")
-    list_select_related = ("created_by",)
+    readonly_fields = ("created_by", "created_at", "changed_by", "changed_at", "history")
+    list_select_related = ("created_by", "changed_by")
 
     def has_decide_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm(DECIDE_PERMISSION))
@@ -74,7 +78,28 @@ class ApprovalRuleAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: ApprovalRule, form: Any, change: bool) -> None:
         if not change:
             obj.created_by = request.user  # type: ignore[assignment]
+        # Whoever changes a rule is one of its authors (durable.rule_history records the change).
+        obj.changed_by = request.user  # type: ignore[assignment]
         super().save_model(request, obj, form, change)
+
+    def delete_model(self, request: HttpRequest, obj: ApprovalRule) -> None:
+        obj.deleted_by = request.user  # type: ignore[attr-defined]  # read by rule_history.after_delete
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApprovalRule]) -> None:
+        # One by one, so each deletion is recorded with who made it (a queryset's delete() is not).
+        with transaction.atomic():
+            for rule in queryset:
+                self.delete_model(request, rule)
+
+    @admin.display(description="changes")
+    def history(self, obj: ApprovalRule) -> Any:
+        changes = list(ApprovalRuleChange.objects.filter(rule_pk=obj.pk).select_related("changed_by")[:50])
+        if not changes:
+            return "—"
+        return format_html_join("", "<div>{} {} by {}: {} → {}</div>", (
+            (c.changed_at.isoformat(" ", "seconds"), c.action, c.changed_by or "nobody known",
+             rule_history.describe(c.before) or "—", rule_history.describe(c.after) or "—") for c in changes))
 
     @admin.display(description="rule", ordering="id")
     def rule(self, obj: ApprovalRule) -> str:
@@ -137,7 +162,7 @@ def approve_always(
     with transaction.atomic():
         rule = ApprovalRule.objects.create(
             agent=call.agent or call.run.agent, tool=call.name, path=path, verdict=Verdict.APPROVED,
-            created_by=user, note=(data.get("note") or f"from {call.name} call {call.tool_call_id}")[:2000],
+            created_by=user, changed_by=user, note=(data.get("note") or f"from {call.name} call {call.tool_call_id}")[:2000],
         )
         LogEntry.objects.log_actions(
             user_id=user.pk, queryset=[rule], action_flag=ADDITION,

@@ -32,9 +32,17 @@ from ..bounded import (
     long_strings,
     preview,
 )
-from ..core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision, TransitionError
+from ..core.errors import (
+    AlreadyDecided,
+    ApprovalExpired,
+    ApprovalRefused,
+    InvalidEditedArguments,
+    StaleDecision,
+    TransitionError,
+)
 from ..display import is_hidden, json_diff, json_for_editor, mark_hidden, reveal
-from ..durable import dispatch, runs
+from ..durable import dispatch, outcomes, rule_history, runs
+from ..jsonbody import read_json
 from ..models import AgentRun, CallStatus, Decision, RunStatus, ToolCall, args_digest
 from ..views import conversation_entries, neighbours
 from . import rules as admin_rules
@@ -245,8 +253,8 @@ def decision_view(model_admin: PendingApprovalAdmin, request: HttpRequest, objec
                 return _decide(model_admin, request, call, action, form.cleaned_data)
             # "Back to editing": the editor again, with the edited text kept.
             text = form.cleaned_data.get("edited_args", "")
-            with contextlib.suppress(ValueError):
-                text = json_for_editor(json.loads(text))
+            with contextlib.suppress(ValueError):  # jsonbody.BadJSON too: kept as typed
+                text = json_for_editor(read_json(text, what="the edited arguments"))
             form = model_admin.get_decision_form(request, call, initial={
                 "digest": call.digest, "note": form.cleaned_data.get("note", ""), "edited_args": text,
             })
@@ -272,6 +280,8 @@ def edit_view(model_admin: PendingApprovalAdmin, request: HttpRequest, object_id
     if call is None:
         messages.warning(request, "That call is no longer waiting for a decision (it was decided, or its run ended).")
         return HttpResponseRedirect(_changelist_url(model_admin))
+    if outcomes.is_expired(call):  # nothing to edit towards: its decision page says it expired
+        return HttpResponseRedirect(model_admin.call_url(call.pk))
     text = _editor_text(call)
     form = model_admin.get_decision_form(request, call, initial={"digest": call.digest, "edited_args": text or ""})
     return _edit_page(model_admin, request, call, form, editable=text is not None)
@@ -338,8 +348,11 @@ def _decision_page(
     if not form.is_bound:
         # Approve is bound to the file version this page's diff was made from.
         form.initial["file_version"] = encode_file_version(call_preview.version)
+    expired = outcomes.is_expired(call)
     context = {
         **_base_context(model_admin, request, mark_hidden(f"Decide: {call.name} in {run.agent_name} run {str(run.pk)[:8]}"), call),
+        # From the deadline on it is expired, reconciled or not: no buttons.
+        "expired": outcomes.expired_sentence(call) if expired else "",
         "call": call,
         "run": run,
         "run_link": model_admin.run_link(run.pk),
@@ -364,6 +377,8 @@ def _decision_page(
         **admin_rules.always_allow_context(model_admin, request, call, head=stored.prefix),
         **transcript_context(model_admin, request, run),
     }
+    if expired:
+        context["can_decide"] = False
     return TemplateResponse(request, model_admin.decision_template, context)
 
 
@@ -406,10 +421,13 @@ def _decide(
                 stop=action == DENY_STOP, digest=data["digest"], source="admin",
                 file_version=data.get("shown_version") if action == APPROVE else None,
             )
+    except ApprovalExpired:
+        messages.warning(request, f"Nothing changed: {mark_hidden(outcomes.expired_sentence(call))}")
+        return HttpResponseRedirect(_changelist_url(model_admin))
     except AlreadyDecided as exc:
         messages.warning(request, f"Nothing changed: {mark_hidden(exc)}: {mark_hidden(who_decided(call))}.")
         return HttpResponseRedirect(_changelist_url(model_admin))
-    except (StaleDecision, InvalidEditedArguments) as exc:
+    except (StaleDecision, InvalidEditedArguments, ApprovalRefused) as exc:
         messages.error(request, f"Nothing changed: {mark_hidden(exc)}")
         return HttpResponseRedirect(here)
     verb = {APPROVE: "Approved", APPROVE_EDITED: "Approved with edited arguments", DENY_STOP: "Denied (run stopped)",
@@ -537,7 +555,7 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         "result_html": bounded_text(run.result).html if run.result is not None else None,
         "error_html": bounded_text(run.error).html if run.error else None,
         "started_by": str(run.created_by) if run.created_by_id else "—",
-        "calls": [_call_row(model_admin, c, stored_args[c.pk], stored_results[c.pk]) for c in calls],
+        "calls": [_call_row(model_admin, c, stored_args[c.pk], stored_results[c.pk], run) for c in calls],
         "has_unknown": any(c.status == CallStatus.OUTCOME_UNKNOWN for c in calls),
         "can_cancel": not run.is_terminal,
         "can_retry": run.status in (RunStatus.NEEDS_ATTENTION, RunStatus.FAILED),
@@ -565,15 +583,24 @@ def _conversation_context(model_admin: AgentRunAdmin, request: HttpRequest, run:
     return context
 
 
-def _call_row(model_admin: AgentRunAdmin, call: ToolCall, args: Stored, result: Stored) -> dict[str, Any]:
+def _call_row(model_admin: AgentRunAdmin, call: ToolCall, args: Stored, result: Stored, run: AgentRun) -> dict[str, Any]:
     decision = getattr(call, "decision", None)
+    expired = outcomes.is_expired(call)
+    # The outcome reads the row's result; the page loaded it by size (a big one: its error unread).
+    value = result.value if not result.big else None
+    happened = outcomes.of(status=call.status, result=value, verdict=decision.verdict if decision else None,
+                           source=decision.source if decision else "", stop=bool(decision and decision.stop),
+                           run_status=run.status)
     return {
         "pk": call.pk,
         "id": reveal(call.tool_call_id),
         "name": reveal(call.name),
         "capability": call.capability,
         "status": call.status,
-        "pending": call.status == CallStatus.PENDING_APPROVAL,
+        "pending": call.status == CallStatus.PENDING_APPROVAL and not expired,
+        "expired": expired and decision is None,
+        "outcome": happened.text,
+        "outcome_kind": happened.kind,
         "unknown": call.status == CallStatus.OUTCOME_UNKNOWN,
         "decide_url": model_admin.call_url(call.pk),
         "arguments_url": model_admin.run_call_arguments_url(call.run_id, call.pk),
@@ -590,6 +617,7 @@ def _call_row(model_admin: AgentRunAdmin, call: ToolCall, args: Stored, result: 
             "stop": decision.stop,
             "source": decision.source,
             "digest": decision.digest,
+            "rule_said": rule_history.describe(decision.rule_said),
         },
     }
 

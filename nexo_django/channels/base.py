@@ -33,14 +33,14 @@ from ..conf import nexo_settings
 from ..core.tools import netguard
 from ..durable import runs
 from ..durable.outbox import Refused
-from ..models import AgentRun, ChannelRequest, Decision, Notice, ToolCall
+from ..models import DECISION_SOURCES, AgentRun, ChannelRequest, Decision, Notice, ToolCall
 
 __all__ = ["Channel", "Refused"]
 
 #: accepted requests are remembered this long to refuse a replay (past it, the timestamp is)
 REMEMBER = timedelta(minutes=10)
 #: decision sources the app uses itself: a channel may not take one of these names
-RESERVED_SOURCES = frozenset({"api", "json", "admin", "bulk", "expiry", "rule", "resume", "email"})
+RESERVED_SOURCES = frozenset({*DECISION_SOURCES, "bulk", "email"})
 
 
 class Channel:

@@ -34,7 +34,7 @@ from django.http import HttpRequest, HttpResponse, QueryDict
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from ..core.errors import AlreadyDecided, ApprovalExpired, NexoError, StaleDecision
+from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, NexoError, StaleDecision
 from ..display import mark_hidden
 from ..durable.outbox import DeliveryFailed, NothingToSay
 from ..models import AgentRun, CallStatus, Notice, NoticeStatus, RunStatus, ToolCall
@@ -263,7 +263,7 @@ class SlackChannel(Channel):
         except PermissionDenied as exc:
             reason = str(exc) or "you may not decide this call"
             return self._tell(where, slack_user, f"Nothing was decided: {reason}.")
-        except StaleDecision as exc:
+        except (StaleDecision, ApprovalRefused) as exc:
             return self._tell(where, slack_user, f"Nothing was decided: {exc}.")
         except (AlreadyDecided, ApprovalExpired, AgentRun.DoesNotExist):
             # What already happened, on the message itself.

@@ -32,7 +32,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.module_loading import import_string
 
-from ..core.errors import AlreadyDecided, ApprovalExpired, StaleDecision
+from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, StaleDecision
 from ..durable.outbox import DeliveryFailed, Refused
 from ..models import AgentRun, Notice, ToolCall
 from .base import Channel, admin_url, run_urls, subject
@@ -149,6 +149,6 @@ class WebhookChannel(Channel):
                                         digest=digest, channel_user=f"webhook:{person}"[:255], note=note)
         except PermissionDenied as exc:
             return JsonResponse({"error": str(exc) or "may not decide"}, status=403)
-        except (AlreadyDecided, ApprovalExpired, StaleDecision) as exc:
+        except (AlreadyDecided, ApprovalExpired, ApprovalRefused, StaleDecision) as exc:
             return JsonResponse({"error": str(exc)}, status=409)
         return JsonResponse({"verdict": decision.verdict, "source": decision.source, "call": call.pk})

@@ -545,9 +545,10 @@ class Agent:
             else:
                 proposed = decision.args if decision is not None and decision.args is not None else call.get("args")
                 gate = self.gate.with_decision(decision.verdict()) if decision is not None else self.gate
-                # The version the approver saw is bound to the arguments shown with it, not to
-                # arguments edited on another page.
-                shown = decision.version if decision is not None and decision.approved and decision.args is None else None
+                # The version an approval is bound to: the one the approver was shown, or the
+                # file as it was when the decision was made (for edited arguments: the file
+                # they name, looked at then by the durable layer, never sent by a page).
+                shown = decision.version if decision is not None and decision.approved else None
                 ctx = dataclasses.replace(base, permissions=gate, call_id=call["id"], approved_version=shown)
                 try:
                     args = tool.validate(proposed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AlreadyDecided", "ApprovalRequired", "ConfigurationError", "Denied", "FollowUpRefused", "InvalidEditedArguments", "LeaseLost", "MaxTurnsExceeded", "ModelError", "NexoError", "PendingCall", "SecurityError", "StaleDecision", "TokenBudgetExceeded", "ToolArgumentError", "TransitionError"]
+__all__ = ["AlreadyDecided", "ApprovalExpired", "ApprovalRefused", "ApprovalRequired", "ConfigurationError", "Denied", "FollowUpRefused", "InvalidEditedArguments", "LeaseLost", "MaxTurnsExceeded", "ModelError", "NexoError", "PendingCall", "SecurityError", "StaleDecision", "TokenBudgetExceeded", "ToolArgumentError", "TransitionError"]
 
 
 class NexoError(Exception):
@@ -112,6 +112,12 @@ class AlreadyDecided(TransitionError):
 
 class ApprovalExpired(AlreadyDecided):
     """The call's approval request expired without a decision; it can no longer be decided."""
+
+
+class ApprovalRefused(TransitionError):
+    """An approval that could not act as approved (the call's path is one the sandbox refuses,
+    its file cannot be looked at): refused when it is made, so nothing is recorded. The message
+    says what happened in one sentence; deny the call instead."""
 
 
 class StaleDecision(TransitionError):

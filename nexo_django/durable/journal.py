@@ -522,6 +522,7 @@ class DbJournal(Journal):
                     capability=p.capability,
                     args=p.args, digest=args_digest(p.args), status=CallStatus.PENDING_APPROVAL,
                     idempotent=bool(tool and tool.idempotent), expires_at=expires_at,
+                    server=str(getattr(tool, "server", "") or "")[:200] if p.capability == "mcp" else "",
                 )
             )
 

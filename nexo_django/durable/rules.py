@@ -19,8 +19,12 @@ The approval cycle should not pay a query for rules nobody wrote: a process reme
 ``NEGATIVE_SECONDS`` that no enabled rule names a tool (never that one does: a rule disabled a
 moment ago is never applied). Saving or deleting a rule in this process forgets it at once
 (``AppConfig.ready`` wires it); another process sees a new rule within those seconds. With
-``NEXO["SELF_APPROVAL"]`` off, a rule does not approve the calls of runs its own creator started:
-a rule decides on its creator's behalf, and four eyes means a second person.
+``NEXO["SELF_APPROVAL"]`` off, a rule does not approve the calls of runs one of its authors started
+(its creator, or anyone who ever changed it: :mod:`~nexo_django.durable.rule_history`): a rule
+decides on its authors' behalf, and four eyes means a second person.
+
+A path tool's call whose path the gate cannot normalise is decided by no rule, allow or deny: it
+goes to a person. Among the rules that match the normalised path, ``denied`` always wins.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from ..conf import nexo_settings
 from ..core.errors import SecurityError
 from ..core.sandboxes.base import normalize_relative
 from ..models import ApprovalRule, ToolCall, Verdict
-from . import sql
+from . import rule_history, sql
 
 PATH_CAPABILITIES = frozenset({"read", "write"})
 NEGATIVE_SECONDS = 5.0
@@ -71,6 +75,13 @@ def gate_path(capability: str, args: Any) -> str | None:
         return None
 
 
+def decidable(call: ToolCall) -> bool:
+    """Whether any rule may decide ``call``: not a path tool's call whose path the gate cannot
+    normalise (``x/../secret/key``, absolute, ``~``, NUL...). Such a call goes to a person: an
+    "any path" allow rule would approve what a deny rule's pattern cannot see."""
+    return call.capability not in PATH_CAPABILITIES or gate_path(call.capability, call.args) is not None
+
+
 def matches(rule: ApprovalRule, call: ToolCall, agent: str, now: datetime) -> bool:
     if not rule.enabled or (rule.expires_at is not None and rule.expires_at <= now):
         return False
@@ -80,10 +91,9 @@ def matches(rule: ApprovalRule, call: ToolCall, agent: str, now: datetime) -> bo
         command = call.args.get("command") if isinstance(call.args, dict) else None
         return bool(rule.path) and isinstance(command, str) and rule.path == command
     if call.capability in PATH_CAPABILITIES:
-        if not rule.path:
-            return True
+        # The normalised path first, for every rule (an "any path" one too): no path, no rule.
         path = gate_path(call.capability, call.args)
-        return path is not None and fnmatch.fnmatchcase(path, rule.path)
+        return path is not None and (not rule.path or fnmatch.fnmatchcase(path, rule.path))
     return not rule.path
 
 
@@ -97,11 +107,17 @@ def choose(
     for tool in sorted({c.name for c in calls}):
         candidates += _rules_for(tool)
     if candidates and starter_id is not None and not nexo_settings.SELF_APPROVAL:
-        candidates = [r for r in candidates if r.verdict == Verdict.DENIED or r.created_by_id != starter_id]
+        # Its creator, its last editor and everyone who ever changed it are its authors.
+        candidates = [r for r in candidates if r.verdict == Verdict.DENIED
+                      or starter_id not in (r.created_by_id, r.changed_by_id)]
+        edited = rule_history.authored_by(starter_id, [r.pk for r in candidates if r.verdict != Verdict.DENIED])
+        candidates = [r for r in candidates if r.pk not in edited]
     if not candidates:
         return {}
     chosen: dict[int, ApprovalRule] = {}
     for call in calls:
+        if not decidable(call):
+            continue
         found = sorted(
             (r for r in candidates if matches(r, call, agent, now)),
             key=lambda r: (r.verdict != Verdict.DENIED, r.pk),

@@ -25,6 +25,7 @@ from ..core.agent import open_calls
 from ..core.errors import (
     AlreadyDecided,
     ApprovalExpired,
+    ApprovalRefused,
     ConfigurationError,
     Denied,
     InvalidEditedArguments,
@@ -55,7 +56,7 @@ from ..models import (
 )
 from ..signals import approval_decided, approval_requested, run_status_changed
 from ..storable import UnstorableValue
-from . import dispatch, outbox, rules, sql
+from . import binding, dispatch, outbox, rule_history, rules, sql
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
 if TYPE_CHECKING:
@@ -416,8 +417,12 @@ def _apply_rules(run: AgentRun, calls: list[ToolCall]) -> list[ToolCall]:
         if rule is None:
             left.append(call)
             continue
-        with contextlib.suppress(AlreadyDecided):  # a person was faster: theirs stands
+        try:
             decide(call, approved=rule.verdict == Verdict.APPROVED, note=rule.note, source="rule", rule=rule)
+        except AlreadyDecided:
+            pass  # a person was faster: theirs stands
+        except ApprovalRefused:
+            left.append(call)  # it could not run as the rule approves it: a person decides
     return left
 
 
@@ -505,7 +510,8 @@ def decide(
     ``source="expiry"`` is the reconciler's (nobody decided in time); ``rule`` the standing rule
     that made it. With ``NEXO["SELF_APPROVAL"]`` off the run's starter is refused
     (``PermissionDenied``, nothing recorded). ``file_version`` binds an approval of a ``write`` to
-    the file version the approver saw."""
+    the file version the approver saw; an approval without one is bound to the file as it is now,
+    and one that could not run as approved is refused (``ApprovalRefused``): :mod:`.binding`."""
     if args is not None and not approved:
         raise InvalidEditedArguments("edited arguments go with an approval, not a denial")
     check_file_version(call, approved=approved, args=args, file_version=file_version)
@@ -520,11 +526,18 @@ def decide(
             )
         if _user(by) is not None and not nexo_settings.SELF_APPROVAL:
             check_not_requester(call, _user(by))
-    if args is not None:
-        run = sql.get(AgentRun, id=call.run_id)
+    run: AgentRun | None = call.run if ToolCall.run.is_cached(call) else None
+    if args is not None or (approved and binding.needs_binding(call)):
+        run = run or sql.get(AgentRun, id=call.run_id)
         if run is None:
             raise AgentRun.DoesNotExist(gone)
-        check_edited_args(run, call, args)
+        if args is not None:
+            check_edited_args(run, call, args)
+    if approved and run is not None:
+        # Runs as approved, or refused now (ApprovalRefused, nothing recorded): see durable.binding.
+        bound = run
+        file_version = binding.bind(call, call.args if args is None else args, build=lambda: build_agent(bound),
+                                    shown=file_version)
     verdict = Verdict.APPROVED if approved else Verdict.DENIED
     # An expired call is told apart from a denied one in every list and count.
     status = CallStatus.APPROVED if approved else CallStatus.EXPIRED if source == "expiry" else CallStatus.DENIED
@@ -543,6 +556,7 @@ def decide(
         tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
         digest=args_digest(args) if args is not None else call.digest,
         decided_by=_user(by), source=source, rule=rule, file_version=file_version,
+        rule_said=rule_history.said(rule) if rule is not None else None,
     )
     batch.create([decision])
     event = {"call": call.tool_call_id, "verdict": str(verdict), "edited": args is not None,

@@ -76,13 +76,15 @@ def test_a_file_created_after_the_page_showed_a_new_file_is_refused_scripted(tmp
     assert "was created after the approver saw it" in _write_result(call)["error"]
 
 
-def test_an_approval_without_a_version_still_needs_a_read_first_scripted(tmp_path: Path) -> None:
+def test_an_approval_without_a_version_binds_the_file_as_it_is_then_scripted(tmp_path: Path) -> None:
+    # Issue 32: it used to be recorded as approved and refused when it ran ("read it first").
     (tmp_path / "notes.txt").write_text("old notes\n")
     run = Scribe.run("write hi", cwd=tmp_path)
     [call] = run.pending_calls()
+    version = LocalSandbox(tmp_path).version("notes.txt")
     call.approve(by=approver())
-    assert (tmp_path / "notes.txt").read_text() == "old notes\n"
-    assert "read it before overwriting it" in _write_result(call)["error"]
+    assert (tmp_path / "notes.txt").read_text() == "hi"
+    assert "error" not in _write_result(call) and call.decision.file_version == version
 
 
 def test_the_api_binds_a_version_too_and_refuses_it_on_a_denial_scripted(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import transaction
 
 from nexo_django import Agent
 from nexo_django.core.errors import ModelError
@@ -114,9 +115,10 @@ def test_the_admin_retries_a_failed_run_scripted(tmp_path: Path, ann: Any) -> No
 
 
 class Escaper(Agent):
-    """Scripted: an approved write outside the workspace (refused loudly), then an answer."""
+    """Scripted: a write through a folder that becomes a link out of the workspace once approved
+    (refused loudly when it runs), then an answer."""
 
-    model = ScriptedModel([tool_call("write", path="../outside.txt", content="x"), reply("Gave up.")])
+    model = ScriptedModel([tool_call("write", path="sub/outside.txt", content="x"), reply("Gave up.")])
     sandbox = "local"
     permissions = "approve"
 
@@ -126,7 +128,9 @@ def test_a_call_that_failed_the_run_is_not_run_again_on_retry_scripted(tmp_path:
     workspace.mkdir()
     run = Escaper.run("escape", cwd=workspace)
     [call] = run.pending_calls()
-    call.approve(by=ann)
+    with transaction.atomic():  # the link appears after the approval, before the run goes on
+        call.approve(by=ann)
+        (workspace / "sub").symlink_to(tmp_path)
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED and "SecurityError" in run.error
     assert run.retry(by=ann) is True

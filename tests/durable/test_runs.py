@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from nexo_django import Agent
@@ -455,8 +455,9 @@ def test_scripted_approved_write_refuses_a_workspace_link_flipped_while_it_waite
     run = start("write hi", cwd=link)
     run.refresh_from_db()
     assert run.status == RunStatus.SUSPENDED, run.error
-    _flip(link, production)
-    run.pending_calls().get().approve()
+    with transaction.atomic():  # flipped after the approval, before the run goes on
+        run.pending_calls().get().approve()
+        _flip(link, production)
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED
     assert "SecurityError" in run.error and str(staging) in run.error and str(production) in run.error
@@ -470,9 +471,10 @@ def test_scripted_approved_write_refuses_a_workspace_folder_replaced_under_its_n
     ws = tmp_path / "ws"
     ws.mkdir()
     run = Scribe.run("write hi", cwd=ws)
-    ws.rename(tmp_path / "old-ws")
-    ws.mkdir()  # same path, another directory (another inode)
-    run.pending_calls().get().approve()
+    with transaction.atomic():  # replaced after the approval, before the run goes on
+        run.pending_calls().get().approve()
+        ws.rename(tmp_path / "old-ws")
+        ws.mkdir()  # same path, another directory (another inode)
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED and "SecurityError" in run.error
     assert list(ws.iterdir()) == [] and list((tmp_path / "old-ws").iterdir()) == []

@@ -50,7 +50,7 @@ def _write(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         if (current or "") != approved:
             what = "was created" if not approved else ("was removed" if current is None else "changed")
             return error(
-                f"write: {rel!r} {what} after the approver saw it on the decision page; nothing was "
+                f"write: {rel!r} {what} after the approver saw it (when the approval was made); nothing was "
                 "written. Read it again, then propose the write again"
             )
     elif current is not None:
