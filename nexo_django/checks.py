@@ -273,3 +273,64 @@ def check_workers(
                         id="nexo_django.W005")]
     return [Warning(str(warning), hint=f"Run `python manage.py rqworker {warning.queue}` on a worker machine.",
                     id="nexo_django.W004")]
+
+
+CHANNEL_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,19}")
+
+
+@register(Tags.compatibility)
+def check_channels(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """``NEXO["CHANNELS"]`` (docs/channels.md): names, backends, and each backend's options."""
+    from .channels.base import RESERVED_SOURCES, Channel
+    from .durable.outbox import COMMON, KINDS, backend_path
+
+    try:
+        given = nexo_settings.CHANNELS
+    except ConfigurationError:
+        return []  # check_settings reports it
+    fix = 'See docs/channels.md: NEXO["CHANNELS"] = {"ops": {"BACKEND": "slack", ...}}.'
+    if not isinstance(given, dict):
+        return [Error(f'NEXO["CHANNELS"] must be a dict of channels by name, not {given!r}.', hint=fix,
+                      id="nexo_django.E030")]
+    errors: list[CheckMessage] = []
+    for name, options in given.items():
+        where = f'NEXO["CHANNELS"][{name!r}]'
+        if not isinstance(name, str) or not CHANNEL_NAME.fullmatch(name) or name in RESERVED_SOURCES:
+            errors.append(Error(f"{where}: a channel's name is its decisions' source and its URL: 1 to 20 lowercase "
+                                f"letters, digits, - or _, and none of {', '.join(sorted(RESERVED_SOURCES))}.",
+                                hint=fix, id="nexo_django.E030"))
+            continue
+        if not isinstance(options, dict):
+            errors.append(Error(f"{where} must be a dict of options, not {options!r}.", hint=fix, id="nexo_django.E030"))
+            continue
+        try:
+            cls = import_string(backend_path(options))
+        except (ConfigurationError, ImportError) as exc:
+            errors.append(Error(f"{where}: {exc}", hint='"BACKEND": "slack", "webhook", or the dotted path of a '
+                                "nexo_django.channels.base.Channel subclass.", id="nexo_django.E031"))
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, Channel)):
+            errors.append(Error(f"{where}: BACKEND {options['BACKEND']!r} is not a Channel subclass.",
+                                hint="Subclass nexo_django.channels.base.Channel.", id="nexo_django.E031"))
+            continue
+        merged = {**COMMON, **cls.defaults, **options}
+        problems = list(cls.check(name, merged))
+        unknown = sorted(set(merged) - set(COMMON) - set(cls.defaults))
+        if unknown:
+            problems.append(f"unknown option(s) {', '.join(map(str, unknown))}")
+        events = merged["EVENTS"]
+        if not isinstance(events, (list, tuple)) or not set(events) <= set(KINDS):
+            problems.append(f"EVENTS must be a list of: {', '.join(KINDS)}")
+        for key in ("MAX_ATTEMPTS", "BACKOFF"):
+            value = merged[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                problems.append(f"{key} must be a positive number")
+        after = merged["REMIND_AFTER"]
+        if after is not None and (isinstance(after, bool) or not isinstance(after, (int, float)) or after <= 0):
+            problems.append("REMIND_AFTER must be a positive number of seconds, or None")
+        private = merged.get("ALLOW_PRIVATE", [])
+        if not isinstance(private, (list, tuple)) or not all(isinstance(h, str) for h in private):
+            problems.append("ALLOW_PRIVATE must be a list of host names")
+        if problems:
+            errors.append(Error(f"{where} is invalid: {'; '.join(problems)}.", hint=fix, id="nexo_django.E032"))
+    return errors

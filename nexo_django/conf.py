@@ -44,6 +44,10 @@ DEFAULTS: dict[str, Any] = {
     # Emails to the people who may decide: {"EMAIL": bool, "SITE_URL": "https://...",
     # "REMIND_AFTER": seconds or None}. Missing keys take the defaults in nexo_django.notify.
     "NOTIFY": {},
+    # Decision channels, by name (docs/channels.md): {"ops": {"BACKEND": "slack", "TOKEN": ...,
+    # "SIGNING_SECRET": ..., "CHANNEL": "C0123"}, "audit": {"BACKEND": "webhook", "URL": ...,
+    # "SECRET": ...}}. Each notice to each of them goes through the outbox (durable/outbox.py).
+    "CHANNELS": {},
 }
 
 

@@ -495,6 +495,9 @@ class Decision(models.Model):
     #: What the rule said when it decided (id, agent, tool, path, verdict, note): the audit shows
     #: it after the rule is edited, disabled or deleted.
     rule_said = StoredJSONField(null=True, blank=True)
+    #: Who decided in the channel's own terms (e.g. a Slack team and user id), beside
+    #: ``decided_by``; "" for a decision made in the admin, the JSON endpoint or Python.
+    channel_user = models.CharField(max_length=255, blank=True, default="")
 
     class Meta:
         ordering = ["decided_at", "id"]
@@ -659,3 +662,58 @@ class OpenQuestion(WorkflowStep):
         proxy = True
         verbose_name = "open question"
         verbose_name_plural = "open questions"
+
+
+class NoticeStatus(models.TextChoices):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    #: nothing left to say (e.g. a request for a call decided before it was announced)
+    SKIPPED = "skipped"
+
+
+class Notice(models.Model):
+    """The transactional outbox: one notice to one channel, written in the transaction of the
+    change that causes it, delivered by the worker or the reconciler (``durable/outbox.py``)."""
+
+    channel = models.CharField(max_length=100)
+    kind = models.CharField(max_length=40)
+    #: The idempotency key sent to the receiver: one notice per channel, kind and subject.
+    key = models.CharField(max_length=255, unique=True)
+    run = models.ForeignKey(AgentRun, null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+                            db_index=False)
+    #: The call it is about ("" for a run's notice), by the model's id: the row may not exist yet.
+    tool_call_id = models.CharField(max_length=128, blank=True, default="")
+    payload = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=20, choices=NoticeStatus.choices, default=NoticeStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    #: The token of the delivery that took it last (a compare-and-set: one sender at a time).
+    claim = models.CharField(max_length=32, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+    #: What the receiver answered that later notices need (a Slack message's channel and ts).
+    receipt = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [
+            models.Index(fields=["status", "next_attempt_at"], name="nexo_notice_due"),
+            models.Index(fields=["run", "channel"], name="nexo_notice_run_channel"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} to {self.channel} ({self.status})"
+
+
+class ChannelRequest(models.Model):
+    """A signed request a channel accepted, kept for its timestamp window: the same one again is
+    a replay and is refused."""
+
+    channel = models.CharField(max_length=100)
+    signature = models.CharField(max_length=64, unique=True, help_text="sha256 of the request's signature.")
+    received_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.channel} {self.signature[:12]}"

@@ -35,7 +35,7 @@ from ..models import (
     RunStatus,
     ToolCall,
 )
-from . import audit, downloads, rules, targets, views, workflows
+from . import audit, downloads, outbox, rules, targets, views, workflows
 from .base import NexoModelAdmin
 from .filters import AgeFilter, AgentFilter, CapabilityFilter, RunAgentFilter, ToolFilter
 from .forms import DecisionForm
@@ -45,6 +45,8 @@ from .previews import CallPreview, call_preview
 ApprovalRuleAdmin = rules.ApprovalRuleAdmin
 #: registered on import: the questions of workflows, beside the pending calls
 OpenQuestionAdmin = workflows.OpenQuestionAdmin
+#: registered on import: the channels' outbox (what was sent where, what failed and why)
+NoticeAdmin = outbox.NoticeAdmin
 
 
 # --- shared pieces ---------------------------------------------------------------------------------
@@ -312,7 +314,7 @@ class AgentRunAdmin(NexoModelAdmin):
 class DecisionAdmin(NexoModelAdmin):
     """Read-only audit log: who decided what, when, on which digest."""
 
-    list_display = ("decided_at", "verdict", "tool", "run_column", "decided_by", "source", "rule_column", "edited",
+    list_display = ("decided_at", "verdict", "tool", "run_column", "decided_by", "channel_user", "source", "rule_column", "edited",
                     "stop", "note_preview", "outcome")
     list_display_links = None
     list_filter = (audit.OutcomeFilter, "verdict", "source", "stop", ("decided_by", admin.RelatedOnlyFieldListFilter))

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
 
 CHUNK = 2000
-COLUMNS = ("decided_at", "verdict", "source", "decided_by", "run", "agent", "tool", "call_id", "capability",
-           "args", "digest", "edited", "stop", "note", "rule", "rule_said", "outcome", "outcome_detail")
+COLUMNS = ("decided_at", "verdict", "source", "decided_by", "channel_user", "run", "agent", "tool", "call_id",
+           "capability", "args", "digest", "edited", "stop", "note", "rule", "rule_said", "outcome", "outcome_detail")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 #: (label, filter) of each outcome: an expiry is neither a person's denial nor a rule's
@@ -65,6 +65,7 @@ def row(decision: Decision) -> dict[str, Any]:
         "verdict": decision.verdict,
         "source": decision.source,
         "decided_by": str(decision.decided_by) if decision.decided_by_id else "",
+        "channel_user": decision.channel_user,
         "run": str(call.run_id),
         "agent": call.agent,
         "tool": call.name,

@@ -232,3 +232,31 @@ def job_pending(run_id: Any, generation: int) -> bool:
     # Queued, and still in the queue's list (not taken into a worker's hands: rq's intermediate
     # queue, where a worker killed at that moment leaves it).
     return queue.get_job_position(jid) is not None
+
+
+#: what delivers notices of the outbox (``durable/outbox.py``), by name
+NOTICES_JOB_FUNC = "nexo_django.durable.jobs.deliver_notices"
+NOTICES_INLINE_FUNC = "nexo_django.durable.outbox.deliver"
+
+
+def enqueue_notices(keys: list[str]) -> None:
+    """Deliver the outbox's notices ``keys`` once the current transaction commits: in this process
+    on an inline queue, else by a worker. Redis down is logged, not raised: the notices are
+    committed, and the reconciler delivers them."""
+    transaction.on_commit(lambda: send_notices_or_log(keys))
+
+
+def send_notices_or_log(keys: list[str]) -> bool:
+    from redis.exceptions import RedisError
+
+    try:
+        if is_inline():
+            import_string(NOTICES_INLINE_FUNC)(keys)
+            return True
+        get_queue().enqueue_call(func=NOTICES_JOB_FUNC, args=(keys,), timeout=300, result_ttl=600,
+                                 failure_ttl=24 * 3600, description=f"nexo notices ({len(keys)})")
+    except (RedisError, OSError) as exc:
+        log.warning("outbox: the job of %d notice(s) could not be sent (%s: %s); the reconciler delivers them",
+                    len(keys), type(exc).__name__, exc)
+        return False
+    return True

@@ -10,6 +10,7 @@ from django.db import close_old_connections
 from rq.timeouts import UnixSignalDeathPenalty
 
 from .journal import JobTimeout, crash_point
+from .outbox import deliver
 from .runs import execute_run
 
 
@@ -43,3 +44,12 @@ def _timeout_fails_the_run() -> None:
         raise JobTimeout(message)
 
     signal.signal(signal.SIGALRM, timed_out)
+
+
+def deliver_notices(keys: list[str]) -> dict[str, str]:
+    """Deliver the outbox's notices ``keys`` (sent when the change that wrote them committed)."""
+    close_old_connections()
+    try:
+        return deliver(keys)
+    finally:
+        close_old_connections()

@@ -35,7 +35,7 @@ from ..models import (
     args_digest,
 )
 from ..storable import UnstorableValue, refuse_call_ids
-from . import live, sql
+from . import live, outbox, sql
 from .deadlines import deadline
 from .prefix import prefix as conversation_prefix
 
@@ -550,4 +550,9 @@ class DbJournal(Journal):
             if reset:  # rare: rows set back by hand
                 batch.call(lambda: ToolCall.objects.filter(pk__in=reset).update(status=CallStatus.PENDING_APPROVAL))
             batch.create(self.new_pending)
-        return self._write(batch, values)
+        # The outbox's notices (a request per waiting call, or the run's end) in this same commit.
+        notices = outbox.on_close(batch, self.run, status, self.new_pending, now)
+        written = self._write(batch, values)
+        if written:
+            outbox.wake(notices)
+        return written

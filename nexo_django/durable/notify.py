@@ -8,11 +8,15 @@ characters shown; escaped in the HTML part, as written in the plain text), its d
 the link decides nothing (mail scanners open links): the page needs a login, and only its POST
 buttons decide. With ``SELF_APPROVAL`` off the person who started the run is not asked.
 
-Exactly one notice per call, and one reminder: each is claimed first by a compare-and-set on the
-call's row (``notified_at`` / ``reminded_at`` from NULL), so a worker and any number of reconcilers
-on any number of machines send it once. The claim comes before the send: should the process die in
-between, that notice is lost (the inbox still lists the call); a send that fails gives the claim
-back so the next reconciler round tries again.
+The notices go through the outbox (:mod:`nexo_django.durable.outbox`) as its built-in ``email``
+channel: one ``approval.requested`` notice per suspension (every call that started waiting in that
+turn, in one email), written in the suspending commit, and one ``approval.reminder`` per run
+``REMIND_AFTER`` seconds later (the reconciler writes it). So a notice is never lost when the worker
+dies after its commit or the mail server is down: the reconciler delivers it, with the outbox's
+retries. A delivery that reached at least one approver counts as delivered (mail servers honour no
+idempotency key: trying again would mail the others twice); one that reached nobody is tried again.
+Calls decided before the email goes out are left out of it (a standing rule's, say); with none left
+the notice is skipped.
 """
 
 from __future__ import annotations
@@ -20,14 +24,11 @@ from __future__ import annotations
 import html
 import json
 import logging
-from collections import defaultdict
-from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.core import mail
 from django.core.mail import EmailMultiAlternatives
-from django.db import transaction
 from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
@@ -35,6 +36,7 @@ from django.utils import timezone
 from ..conf import nexo_settings
 from ..display import mark_hidden
 from ..models import AgentRun, CallStatus, ToolCall
+from .outbox import NothingToSay
 
 log = logging.getLogger("nexo_django.notify")
 
@@ -42,8 +44,6 @@ DEFAULTS: dict[str, Any] = {"EMAIL": False, "SITE_URL": "", "REMIND_AFTER": None
 #: characters of a call's arguments and of the prompt shown in an email
 ARGS_CHARS = 300
 PROMPT_CHARS = 500
-#: a call the worker just suspended is left to that worker's own notice this long
-GRACE = timedelta(seconds=60)
 
 
 def options() -> dict[str, Any]:
@@ -141,24 +141,12 @@ def mail_connection() -> Any:
     return mailers.default if mailers is not None else mail.get_connection()
 
 
-def _claim(calls: Iterable[ToolCall], field: str, now: datetime) -> list[ToolCall]:
-    """The calls whose notice this process takes: a compare-and-set each, from NULL."""
-    return [
-        c for c in calls
-        if ToolCall.objects.filter(pk=c.pk, status=CallStatus.PENDING_APPROVAL, **{field: None}).update(**{field: now})
-    ]  # fmt: skip
-
-
-def send(run: AgentRun, calls: list[ToolCall], *, reminder: bool = False, now: datetime | None = None) -> int:
-    """Claim and send the notice (or reminder) of ``calls`` of ``run``; the emails sent."""
-    field = "reminded_at" if reminder else "notified_at"
-    now = now or timezone.now()
-    claimed = _claim(calls, field, now)
-    if not claimed:
-        return 0
+def send_emails(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> int:
+    """Email the notice (or reminder) of ``calls`` of ``run`` to every approver; how many went.
+    Raises what the mail server raised when nobody got it."""
     recipients = approvers(run)
     email_field = type(recipients[0]).get_email_field_name() if recipients else ""
-    subject, text, body = message_parts(run, claimed, reminder=reminder)
+    subject, text, body = message_parts(run, calls, reminder=reminder)
     sent = 0
     try:
         with mail_connection() as connection:
@@ -166,40 +154,31 @@ def send(run: AgentRun, calls: list[ToolCall], *, reminder: bool = False, now: d
                 message = EmailMultiAlternatives(subject, text, to=[getattr(user, email_field)])
                 message.attach_alternative(body, "text/html")
                 sent += connection.send_messages([message]) or 0
-    except Exception:  # a mail server down must not fail the run or the reconciler round
-        log.exception("notify: sending the %s of run %s failed", "reminder" if reminder else "notice", run.pk)
-        if not sent:  # nobody got it: give the claim back, the next reconciler round retries
-            ToolCall.objects.filter(pk__in=[c.pk for c in claimed], **{field: now}).update(**{field: None})
+    except Exception:
+        if not sent:
+            raise
+        log.exception("notify: the %s of run %s reached %d approver(s), then the mail server failed",
+                      "reminder" if reminder else "notice", run.pk, sent)
     return sent
 
 
-def on_suspended(run: AgentRun, calls: list[ToolCall]) -> None:
-    """Send the notice of a run that just suspended, once its transaction commits."""
-    if not calls or not enabled():
-        return
-    transaction.on_commit(lambda: send(run, calls))
+class EmailNotices:
+    """The outbox's ``email`` channel: what :mod:`nexo_django.durable.outbox` calls to deliver a
+    notice of ``NOTIFY["EMAIL"]``."""
 
+    def __init__(self, name: str, options: dict[str, Any]) -> None:
+        self.name = name
+        self.options = options
 
-def reconcile_notices(now: datetime) -> tuple[int, int]:
-    """The reconciler's part: notices nobody sent yet (a worker died, or the mail server was
-    down), and reminders due. Returns (notices, reminders) sent."""
-    if not enabled():
-        return 0, 0
-    pending = ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL).select_related("run").order_by("created_at", "id")
-    notices = _by_run(pending.filter(notified_at__isnull=True, created_at__lte=now - GRACE))
-    notified = sum(send(run, calls, now=now) for run, calls in notices)
-    reminded = 0
-    after = options()["REMIND_AFTER"]
-    if after is not None:
-        due = pending.filter(reminded_at__isnull=True, notified_at__lte=now - timedelta(seconds=float(after)))
-        reminded = sum(send(run, calls, reminder=True, now=now) for run, calls in _by_run(due))
-    return notified, reminded
-
-
-def _by_run(calls: Iterable[ToolCall]) -> list[tuple[AgentRun, list[ToolCall]]]:
-    grouped: dict[Any, list[ToolCall]] = defaultdict(list)
-    runs: dict[Any, AgentRun] = {}
-    for call in calls:
-        grouped[call.run_id].append(call)
-        runs[call.run_id] = call.run
-    return [(runs[run_id], grouped[run_id]) for run_id in grouped]
+    def send(self, notice: Any) -> dict[str, Any]:
+        reminder = notice.kind == "approval.reminder"
+        ids = (notice.payload or {}).get("calls") or [notice.tool_call_id]
+        calls = list(ToolCall.objects.filter(run_id=notice.run_id, tool_call_id__in=ids,
+                                             status=CallStatus.PENDING_APPROVAL).select_related("run")
+                     .order_by("created_at", "id"))
+        if not calls:
+            raise NothingToSay("no call of it waits for a decision any more")
+        sent = send_emails(calls[0].run, calls, reminder=reminder)
+        field = "reminded_at" if reminder else "notified_at"
+        ToolCall.objects.filter(pk__in=[c.pk for c in calls], **{field: None}).update(**{field: timezone.now()})
+        return {"sent": sent}

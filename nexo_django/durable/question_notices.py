@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.core.mail import EmailMultiAlternatives
 from django.db import transaction
@@ -25,6 +25,8 @@ from . import notify
 log = logging.getLogger("nexo_django.notify")
 
 QUESTION_CHARS = 500
+#: How long the reconciler leaves a question to the suspension's own commit-time send.
+GRACE = timedelta(seconds=60)
 
 
 def answer_url(step: WorkflowStep) -> str:
@@ -83,6 +85,6 @@ def reconcile_notices(now: datetime) -> int:
     if not notify.enabled():
         return 0
     waiting = (WorkflowStep.objects.filter(kind=StepKind.QUESTION, status=StepStatus.WAITING, notified_at=None,
-                                           created_at__lte=now - notify.GRACE)
+                                           created_at__lte=now - GRACE)
                .select_related("run").order_by("created_at", "id")[:200])
     return sum(send(step, now) for step in waiting)

@@ -27,7 +27,7 @@ from ..models import (
     ToolCall,
     WorkflowStep,
 )
-from . import dispatch, notify, parents, question_notices, workflow_runs
+from . import dispatch, outbox, parents, question_notices, workflow_runs
 from .expiry import expire_overdue
 from .queue_health import queue_warning
 from .runs import transition, wake
@@ -46,10 +46,12 @@ class Report:
     needs_attention: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     resent: list[str] = field(default_factory=list)
-    #: the run of each call expired without a decision, and the notices and reminders emailed
+    #: the run of each call expired without a decision; the outbox's requests and reminders delivered
     expired: list[str] = field(default_factory=list)
     notified: int = 0
     reminded: int = 0
+    #: notices of the outbox delivered this round
+    delivered: int = 0
     #: Problems a person must fix, e.g. no worker listening on the run queue.
     warnings: list[str] = field(default_factory=list)
 
@@ -58,7 +60,8 @@ class Report:
             f"requeued={len(self.requeued)} needs_attention={len(self.needs_attention)} "
             f"failed={len(self.failed)} resent={len(self.resent)}"
         )
-        lifecycle = {"expired": len(self.expired), "notified": self.notified, "reminded": self.reminded}
+        lifecycle = {"expired": len(self.expired), "notified": self.notified, "reminded": self.reminded,
+                     "delivered": self.delivered}
         return " ".join([text, *(f"{k}={v}" for k, v in lifecycle.items() if v)])
 
 
@@ -86,7 +89,11 @@ def reconcile(
         _recover_expired(run, now, report)
     # Calls past their deadline are expired (a decision each: their runs wake as decisions do).
     report.expired = expire_overdue(now) + workflow_runs.expire_questions(now)
-    report.notified, report.reminded = notify.reconcile_notices(now)
+    # The outbox: reminders due, then every notice whose time has come (a receiver was down, the
+    # job was lost with Redis, a worker died mid-send): emails to the approvers included.
+    outbox.remind(now)
+    _count_deliveries(outbox.deliver_due(now), report)
+    # Workflows' questions are emailed by their own module (not yet through the outbox).
     report.notified += question_notices.reconcile_notices(now)
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
     _resend_lost_jobs(now - grace, report)
@@ -96,6 +103,13 @@ def reconcile(
     if report.requeued or report.needs_attention or report.failed or report.resent or report.expired:
         log.info("reconcile: %s", report)
     return report
+
+
+def _count_deliveries(statuses: dict[str, str], report: Report) -> None:
+    delivered = [key for key, status in statuses.items() if status == "delivered"]
+    report.delivered = len(delivered)
+    report.notified = sum(1 for key in delivered if key.startswith("approval.requested:"))
+    report.reminded = sum(1 for key in delivered if key.startswith("approval.reminder:"))
 
 
 def _resend_lost_jobs(before: datetime, report: Report) -> None:

@@ -57,7 +57,7 @@ from ..models import (
 )
 from ..signals import approval_decided, approval_requested, run_status_changed
 from ..storable import UnstorableValue
-from . import agent_classes, binding, dispatch, notify, parents, rule_history, rules, sql
+from . import agent_classes, binding, dispatch, outbox, parents, rule_history, rules, sql
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
 if TYPE_CHECKING:
@@ -342,7 +342,6 @@ def _drive(
         new_pending = _apply_rules(run, journal.new_pending)
         if new_pending:
             transaction.on_commit(lambda: _send_requested(new_pending, run))
-            notify.on_suspended(run, new_pending)
         if len(new_pending) < len(journal.new_pending):
             # The rules' decisions may have woken the run (an inline queue ran it already).
             sql.refresh(run)
@@ -591,6 +590,7 @@ def decide(
         batch.insert(RunEvent, EVENT_COLUMNS, [(run_id, kind, event, now)])
     pending = CallStatus.PENDING_APPROVAL
     woken = batch.requeue(run_id, RunStatus.SUSPENDED, RunStatus.QUEUED, now, unless_pending=pending, besides=call.pk)
+    notices = outbox.on_decided(batch, call, source, now)  # the channels hear of it: same commit
     if not batch.run():
         current = ToolCall.objects.filter(pk=call.pk).first()
         if current is None:
@@ -604,6 +604,7 @@ def decide(
             f"the arguments of {current.name} are not the ones you saw; reload the page and decide again"
         )
     call.status = status
+    outbox.wake(notices)
     generation = batch.generations.get(woken)
     if generation is None:
         # Another call was still pending when the batch ran. No lock serialises two decisions on
@@ -676,6 +677,7 @@ def cancel_run(run: AgentRun, *, by: Any = None, reason: str = "") -> bool:
                     status=CallStatus.EXPIRED, updated_at=timezone.now()
                 )
                 _event(run.pk, "cancelled", by=str(_user(by) or ""), reason=reason)
+                outbox.wake(outbox.write("run.cancelled", run.pk, timezone.now()))
                 run.refresh_from_db()
                 if run.kind == RunKind.WORKFLOW:  # its agents stop with it, its questions end
                     import_string(WORKFLOW_CANCELLED)(run)

@@ -18,9 +18,9 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
-from nexo_django.durable import notify
+from nexo_django.durable import dispatch, outbox
 from nexo_django.durable.recovery import reconcile
-from nexo_django.models import CallStatus, Decision, ToolCall
+from nexo_django.models import CallStatus, Decision, Notice, ToolCall
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.admin.support import HOSTILE_CONTENT, RLO, SCRIPT, client_for, make_user
 from tests.durable_agents import Scribe
@@ -165,7 +165,7 @@ def test_one_reminder_after_remind_after_and_no_duplicates(people: dict[str, Any
         report = reconcile(now=start + timedelta(minutes=minutes))
         assert (report.notified, report.reminded) == (0, 0)
     assert len(mailoutbox) == 3
-    assert reconcile(now=start + timedelta(minutes=61)).reminded == 3
+    assert reconcile(now=start + timedelta(minutes=61)).reminded == 1  # one reminder notice: three emails
     reminders = mailoutbox[3:]
     assert len(reminders) == 3 and all(m.subject.startswith("Reminder: ") for m in reminders)
     for hours in (2, 5, 48):
@@ -181,17 +181,21 @@ def test_no_reminder_once_decided(people: dict[str, Any], mailoutbox: list[Any],
     assert len(mailoutbox) == 3
 
 
+def lose_wake_ups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job each commit sends to deliver its notices never runs (the worker died right after the
+    commit, or Redis lost it): only the notice rows are left."""
+    monkeypatch.setattr(dispatch, "send_notices_or_log", lambda keys: False)
+
+
 @pytest.mark.usefixtures("notices")
 def test_the_reconciler_sends_a_notice_nobody_sent(people: dict[str, Any], mailoutbox: list[Any],
-                                                   tmp_path: Path, settings: Any) -> None:
-    settings.NEXO = {"NOTIFY": {**ON, "EMAIL": False}}
-    call = suspend(Scribe, tmp_path)  # e.g. the worker died between its commit and the send
-    assert mailoutbox == []
-    settings.NEXO = {"NOTIFY": ON}
+                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lose_wake_ups(monkeypatch)
+    call = suspend(Scribe, tmp_path)
+    assert mailoutbox == [] and Notice.objects.get().kind == "approval.requested"  # committed with the run
     later = timezone.now() + timedelta(seconds=30)
-    assert reconcile(now=later).notified == 0  # within the grace the suspending worker has
-    assert reconcile(now=later + timedelta(minutes=1)).notified == 3
-    assert reconcile(now=later + timedelta(minutes=2)).notified == 0
+    assert reconcile(now=later).notified == 1  # one notice: an email to each approver
+    assert reconcile(now=later + timedelta(minutes=1)).notified == 0
     assert recipients(mailoutbox) == EXPECTED
     call.refresh_from_db()
     assert call.notified_at is not None
@@ -206,7 +210,7 @@ def test_a_failed_send_is_tried_again_by_the_next_round(people: dict[str, Any], 
     call.refresh_from_db()
     assert call.status == CallStatus.PENDING_APPROVAL and call.notified_at is None
     use_locmem(settings)
-    assert reconcile(now=timezone.now() + timedelta(minutes=2)).notified == 3
+    assert reconcile(now=timezone.now() + timedelta(minutes=2)).notified == 1  # its three emails
     assert recipients(mailoutbox) == EXPECTED
 
 
@@ -275,19 +279,21 @@ def test_the_link_opens_the_page_and_decides_nothing(people: dict[str, Any], mai
 
 
 def test_concurrent_reconcilers_send_one_notice(people: dict[str, Any], mailoutbox: list[Any], tmp_path: Path,
-                                                settings: Any) -> None:
+                                                settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Eight reconcilers at once (threads, each with its own connection; on PostgreSQL in the
     suite's PostgreSQL pass): every approver gets each notice and each reminder once."""
+    settings.NEXO = {"NOTIFY": ON}
+    lose_wake_ups(monkeypatch)  # the notices are the reconcilers' to deliver
     calls = [suspend(Hurried, tmp_path / str(i)) for i in range(3)]
     ToolCall.objects.filter(pk__in=[c.pk for c in calls]).update(expires_at=None)
-    settings.NEXO = {"NOTIFY": ON}
     barrier = threading.Barrier(8)
     errors: list[BaseException] = []
 
     def reconciler(when: Any) -> None:
         try:
             barrier.wait(timeout=10)
-            notify.reconcile_notices(when)
+            outbox.remind(when)
+            outbox.deliver_due(when)
         except BaseException as exc:  # reported below, with the thread's own traceback gone
             errors.append(exc)
         finally:

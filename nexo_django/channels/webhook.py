@@ -1,0 +1,154 @@
+"""The webhook channel: each notice POSTed as a signed JSON event to one URL.
+
+``NEXO["CHANNELS"]["audit"] = {"BACKEND": "webhook", "URL": "https://hooks.example.com/nexo",
+"SECRET": "...", "INCLUDE_ARGS": False, "ALLOW_PRIVATE": []}``. The body::
+
+    {"type": "approval.requested", "id": "<the idempotency key>", "created": "<ISO 8601>",
+     "run": {"id", "agent", "status", "admin_url", "page_url"},
+     "call": {"id", "tool_call_id", "name", "capability", "digest", "status", "expires_at",
+              "admin_url"[, "args"]},
+     "decision": {"verdict", "source", "decided_by", "channel_user", "decided_at", "note"}}
+
+``call`` is there for the ``approval.*`` types, ``decision`` once there is one; the arguments only
+with ``INCLUDE_ARGS``. Headers: ``X-Nexo-Signature: t=<unix>,v1=<HMAC-SHA256(SECRET, t + "." +
+body)>`` (:func:`nexo_django.channels.signing.verify_signature` checks it), ``Idempotency-Key`` and
+``X-Nexo-Event`` (the type). A 2xx answer delivers it; anything else is tried again (``Retry-After``
+honoured), with the same key.
+
+With ``"DECIDE": True`` the channel also takes decisions: a POST to its endpoint
+(``nexo_django.channel_urls``) signed the same way with the same ``SECRET``, verified (signature,
+five-minute window, replay) before its body is read, decided through the admin's checks
+(:meth:`WebhookChannel.decide`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.module_loading import import_string
+
+from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, StaleDecision
+from ..durable.outbox import DeliveryFailed, Refused
+from ..models import AgentRun, Notice, ToolCall
+from .base import Channel, admin_url, run_urls, subject
+from .signing import SignatureError, sign, verify_signature
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+
+
+def describe_call(call: ToolCall, *, args: bool) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "id": call.pk, "tool_call_id": call.tool_call_id, "name": call.name, "capability": call.capability,
+        "digest": call.digest, "status": call.status,
+        "expires_at": call.expires_at.isoformat() if call.expires_at else None, "admin_url": admin_url(call),
+    }
+    if args:
+        found["args"] = call.args
+    return found
+
+
+def describe_decision(call: ToolCall) -> dict[str, Any] | None:
+    decision = getattr(call, "decision", None)
+    if decision is None:
+        return None
+    return {"verdict": decision.verdict, "source": decision.source, "decided_by": str(decision.decided_by or ""),
+            "channel_user": decision.channel_user, "decided_at": decision.decided_at.isoformat(), "note": decision.note}
+
+
+def event(notice: Notice, run: AgentRun | None, call: ToolCall | None, *, args: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": notice.kind, "id": notice.key, "created": notice.created_at.isoformat()}
+    if run is not None:
+        body["run"] = {"id": str(run.pk), "agent": run.agent, "status": run.status, **run_urls(run)}
+    if call is not None:
+        body["call"] = describe_call(call, args=args)
+        decision = describe_decision(call)
+        if decision is not None:
+            body["decision"] = decision
+    return body
+
+
+class WebhookChannel(Channel):
+    defaults = {"URL": "", "SECRET": "", "INCLUDE_ARGS": False, "ALLOW_PRIVATE": [], "TIMEOUT": 10,
+                "DECIDE": False, "GET_USER": None}
+    required = ("URL", "SECRET")
+
+    @classmethod
+    def check(cls, name: str, options: dict[str, Any]) -> list[str]:
+        problems = super().check(name, options)
+        url = str(options.get("URL") or "")
+        if url and not url.startswith(("https://", "http://")):
+            problems.append(f"URL {url!r} must be an http(s) URL")
+        return problems
+
+    def send(self, notice: Notice) -> dict[str, Any] | None:
+        run, call = subject(notice)
+        body = json.dumps(event(notice, run, call, args=bool(self.options["INCLUDE_ARGS"])),
+                          ensure_ascii=False, default=str, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json", "Idempotency-Key": notice.key, "X-Nexo-Event": notice.kind,
+                   "X-Nexo-Signature": sign(self.options["SECRET"], body), "User-Agent": "nexo-django"}
+        url = str(self.options["URL"])
+        client = self.client(url, float(self.options["TIMEOUT"]))
+        try:
+            response = client.post(url, content=body, headers=headers)
+        except Exception as exc:  # a connection refused, a timeout, the guard's refusal: it says why
+            raise DeliveryFailed(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+        if not 200 <= response.status_code < 300:
+            raise DeliveryFailed(f"POST {url}: HTTP {response.status_code}", retry_after=retry_after(response))
+        return {"status": response.status_code}
+
+    # --- deciding from a signed request (only with "DECIDE": True) ---------------------------
+
+    def verify(self, request: HttpRequest) -> None:
+        if not self.options["DECIDE"]:
+            raise Refused(f"channel {self.name!r} takes no decisions (its DECIDE option is off)")
+        try:
+            verify_signature(self.options["SECRET"], request.headers.get("X-Nexo-Signature"), request.body)
+        except SignatureError as exc:
+            raise Refused(str(exc)) from None
+        self.remember(request.headers["X-Nexo-Signature"])
+
+    def get_user(self, body: dict[str, Any]) -> Any:
+        """The Django user the sending system says decided (``body["user"]``), or None. By default
+        the active user with that username; name a ``callable(channel, body)`` in ``GET_USER`` (or
+        override this) to map your systems' ids. The signature proves the system, which vouches
+        for the person: give ``DECIDE`` only to a system that authenticates its users."""
+        hook = self.options.get("GET_USER")
+        if hook:
+            return import_string(hook)(self, body)
+        model = get_user_model()
+        return model._default_manager.filter(**{model.USERNAME_FIELD: body["user"], "is_active": True}).first()
+
+    def decide(self, request: HttpRequest) -> HttpResponse:
+        """``{"call": <id>, "digest": "...", "verdict": "approve" | "deny", "user": "...", "note": ""}``:
+        200 with the decision; 400 a malformed body; 403 a person who may not decide; 404 no such
+        call; 409 already decided, expired, or a stale digest (nothing recorded then)."""
+        try:
+            body = json.loads(request.body)
+            call_pk, digest, person = int(body["call"]), str(body["digest"]), str(body["user"])
+            note = str(body.get("note", ""))[:2000]
+            if body["verdict"] not in ("approve", "deny"):
+                raise ValueError(body["verdict"])
+        except (ValueError, KeyError, TypeError):
+            return JsonResponse({"error": 'give {"call", "digest", "verdict": "approve" | "deny", "user"}'},
+                                status=400)
+        call = ToolCall.objects.filter(pk=call_pk).select_related("run").first()
+        if call is None:
+            return JsonResponse({"error": "no such call"}, status=404)
+        try:
+            decision = self.decide_call(call, approved=body["verdict"] == "approve", user=self.get_user(body),
+                                        digest=digest, channel_user=f"webhook:{person}"[:255], note=note)
+        except PermissionDenied as exc:
+            return JsonResponse({"error": str(exc) or "may not decide"}, status=403)
+        except (AlreadyDecided, ApprovalExpired, ApprovalRefused, StaleDecision) as exc:
+            return JsonResponse({"error": str(exc)}, status=409)
+        return JsonResponse({"verdict": decision.verdict, "source": decision.source, "call": call.pk})

@@ -1,0 +1,318 @@
+"""The transactional outbox: every notice to a channel (``NEXO["CHANNELS"]``) is a ``Notice`` row
+written in the transaction of the change that causes it, then delivered, with retries.
+
+Written by: the suspending commit of a run (``approval.requested``, one per waiting call and
+channel: :func:`on_close`, a step of the journal's batch), a decision's batch
+(``approval.decided`` / ``approval.expired``: :func:`on_decided`), the closing commit of a run that
+ends (``run.done`` / ``run.failed``), a cancel's (``run.cancelled``), and the reconciler (``approval.reminder``). So a notice exists
+if and only if its change committed: none is lost when Redis, the worker or the receiver is down.
+
+Delivered by: a job sent at commit (:func:`wake`: an rq job, or inline at commit on an inline
+queue) and by the reconciler (:func:`deliver_due`), whichever comes first. Each delivery claims the
+notice first (a compare-and-set that pushes ``next_attempt_at`` past the send's time), so a notice
+is sent by one process at a time; a failure is retried with exponential backoff (``BACKOFF`` seconds
+doubled per attempt, at most an hour; a receiver's ``Retry-After`` is honoured) until
+``MAX_ATTEMPTS``, then the notice is ``failed`` with its last error (the admin lists it and can send
+it again). A process that dies between the send and its record leaves the claim to expire, and the
+notice is sent again **with the same idempotency key** (``Notice.key``): a receiver that honours the
+key sees it once.
+
+The channels themselves are named, not imported (``BACKENDS`` or a dotted path): this layer calls
+the class the setting names, as :mod:`dispatch` names its jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import F, Q
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from ..conf import nexo_settings
+from ..core.errors import ConfigurationError, NexoError
+from ..models import AgentRun, CallStatus, Notice, NoticeStatus, ToolCall
+from . import dispatch
+
+log = logging.getLogger("nexo_django.outbox")
+
+#: every kind of notice, in the order of a call's life
+KINDS = ("approval.requested", "approval.reminder", "approval.decided", "approval.expired", "run.done", "run.failed",
+         "run.cancelled")
+#: the channels the app ships, by their short name in ``BACKEND``
+BACKENDS = {
+    "slack": "nexo_django.channels.slack.SlackChannel",
+    "webhook": "nexo_django.channels.webhook.WebhookChannel",
+}
+#: the channel of NOTIFY["EMAIL"] (a name no configured channel may take)
+EMAIL = "email"
+EMAIL_BACKEND = "nexo_django.durable.notify.EmailNotices"
+#: options every channel takes, and their defaults
+COMMON: dict[str, Any] = {"BACKEND": None, "EVENTS": list(KINDS), "MAX_ATTEMPTS": 12, "BACKOFF": 5, "REMIND_AFTER": None}
+#: how long one delivery may take before another process may claim the notice again
+CLAIM = timedelta(seconds=60)
+MAX_DELAY = timedelta(hours=1)
+#: notices a reconciler round delivers at most, for about this long, taking this many at a time
+ROUND = 500
+ROUND_SECONDS = 30.0
+CHUNK = 50
+COLUMNS = ("channel", "kind", "key", "run_id", "tool_call_id", "payload", "status", "attempts", "next_attempt_at",
+           "claim", "last_error", "created_at")
+
+
+class DeliveryFailed(NexoError):
+    """A channel could not deliver a notice now; it is tried again (after ``retry_after`` seconds
+    when the receiver said so)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class NothingToSay(NexoError):
+    """A channel has nothing to deliver for this notice (e.g. the request of a call decided before
+    it was announced): the notice is ``skipped``, with this reason."""
+
+
+class Refused(NexoError):
+    """A request from outside failed a channel's verification; nothing of it was read."""
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def configured() -> dict[str, dict[str, Any]]:
+    """``NEXO["CHANNELS"]`` with the common defaults filled in (the checks say what is wrong)."""
+    given = nexo_settings.CHANNELS
+    found = {name: {**COMMON, **options} for name, options in (given if isinstance(given, dict) else {}).items()
+             if isinstance(options, dict)}
+    notify = nexo_settings.NOTIFY
+    if isinstance(notify, dict) and notify.get("EMAIL"):
+        # The approvers' emails (durable/notify.py): one per suspension, listing its calls.
+        found[EMAIL] = {**COMMON, "BACKEND": EMAIL_BACKEND, "EVENTS": ["approval.requested", "approval.reminder"],
+                        "GROUPED": True, "REMIND_AFTER": notify.get("REMIND_AFTER")}
+    return found
+
+
+def backend_path(options: dict[str, Any]) -> str:
+    backend = options.get("BACKEND")
+    if not isinstance(backend, str) or not backend:
+        raise ConfigurationError('each NEXO["CHANNELS"] entry needs "BACKEND": "slack", "webhook" or a dotted path')
+    return BACKENDS.get(backend, backend)
+
+
+_instances: dict[tuple[str, str], Any] = {}
+
+
+def channel(name: str) -> Any:
+    """The channel object named ``name`` in ``NEXO["CHANNELS"]`` (``LookupError`` if none is)."""
+    options = configured().get(name)
+    if options is None:
+        raise LookupError(f'no channel {name!r} in NEXO["CHANNELS"]')
+    key = (name, repr(sorted(options.items(), key=lambda kv: kv[0])))
+    found = _instances.get(key)
+    if found is None:
+        try:
+            cls = import_string(backend_path(options))
+        except ImportError as exc:
+            raise ConfigurationError(f'NEXO["CHANNELS"][{name!r}]["BACKEND"]: cannot import it ({exc})') from exc
+        found = _instances[key] = cls(name, options)
+    return found
+
+
+def listening(kind: str) -> list[str]:
+    return [name for name, options in configured().items() if kind in (options.get("EVENTS") or ())]
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def notice_key(channel: str, kind: str, run_id: Any, subject: str = "") -> str:
+    """``kind:run:subject:channel``; a subject that would make it too long is hashed."""
+    if len(subject) > 64:
+        subject = "h" + hashlib.sha256(subject.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{kind}:{run_id}:{subject}:{channel}"[:255]
+
+
+def rows(kind: str, run_id: Any, call_ids: Sequence[str], now: datetime, payload: dict[str, Any] | None = None,
+         subject: str | None = None) -> list[tuple[Any, ...]]:
+    """The rows of ``kind`` for every channel that listens to it: one per call (or one for the
+    run when ``call_ids`` is empty)."""
+    found: list[tuple[Any, ...]] = []
+    channels = configured()
+    for name in listening(kind):
+        if channels[name].get("GROUPED") and len(call_ids) > 1:
+            # One notice for every call of the turn (an email listing them), keyed by the first.
+            key = notice_key(name, kind, run_id, call_ids[0])
+            grouped = {**(payload or {}), "calls": list(call_ids)}
+            found.append((name, kind, key, run_id, call_ids[0], grouped, NoticeStatus.PENDING, 0, now, "", "", now))
+            continue
+        for call_id in call_ids or [""]:
+            key = notice_key(name, kind, run_id, subject if subject is not None else call_id)
+            found.append((name, kind, key, run_id, call_id, payload or {}, NoticeStatus.PENDING, 0, now, "", "", now))
+    return found
+
+
+def wake(keys: Sequence[str]) -> None:
+    """Deliver the notices ``keys`` once the current transaction commits (their job)."""
+    if keys:
+        dispatch.enqueue_notices(list(keys))
+
+
+def on_close(batch: Any, run: AgentRun, status: str, pending: Sequence[ToolCall], now: datetime) -> list[str]:
+    """Add the notices of a run's closing commit to its batch: a request per call that starts
+    waiting, or the run's end. The keys, to :func:`wake` once the batch committed."""
+    if status == "suspended":
+        found = rows("approval.requested", run.pk, [c.tool_call_id for c in pending], now)
+    elif status in ("done", "failed", "cancelled"):
+        # A failed run may be retried and fail again: each failure is a notice of its own.
+        subject = "" if status == "done" else uuid.uuid4().hex[:12]
+        found = rows(f"run.{status}", run.pk, [], now, subject=subject)
+    else:
+        return []
+    if found:
+        batch.insert(Notice, COLUMNS, found)
+    return [r[2] for r in found]
+
+
+def on_decided(batch: Any, call: ToolCall, source: str, now: datetime) -> list[str]:
+    """Add the notices of a decision to its batch (written only if the decision is)."""
+    kind = "approval.expired" if source == "expiry" else "approval.decided"
+    found = rows(kind, call.run_id, [call.tool_call_id], now, {"source": source})
+    if found:
+        batch.insert(Notice, COLUMNS, found)
+    return [r[2] for r in found]
+
+
+def write(kind: str, run_id: Any, now: datetime) -> list[str]:
+    """Write a run's notice of ``kind`` now (inside the caller's transaction: with its change)."""
+    found = rows(kind, run_id, [], now)
+    if found:
+        Notice.objects.bulk_create([Notice(**dict(zip(COLUMNS, r, strict=True))) for r in found])
+    return [r[2] for r in found]
+
+
+def remind(now: datetime) -> list[str]:
+    """The reconciler's reminders: one per channel with ``REMIND_AFTER`` and call still waiting
+    that long (the unique key makes it once, whoever else reminds at the same moment)."""
+    keys: list[str] = []
+    for name, options in configured().items():
+        after = options.get("REMIND_AFTER")
+        if not after or "approval.reminder" not in (options.get("EVENTS") or ()):
+            continue
+        waiting = ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL,
+                                          created_at__lte=now - timedelta(seconds=float(after)))
+        reminded = set(Notice.objects.filter(channel=name, kind="approval.reminder",
+                                             run_id__in=waiting.values("run_id")).values_list("key", flat=True))
+        by_run: dict[Any, list[str]] = {}
+        for run_id, call_id in waiting.order_by("created_at", "id").values_list("run_id", "tool_call_id")[:ROUND]:
+            by_run.setdefault(run_id, []).append(call_id)
+        new = []
+        for run_id, call_ids in by_run.items():
+            grouped = bool(options.get("GROUPED"))
+            for call_id in call_ids[:1] if grouped else call_ids:
+                key = notice_key(name, "approval.reminder", run_id, call_id)
+                if key not in reminded:
+                    new.append(Notice(channel=name, kind="approval.reminder", key=key, run_id=run_id,
+                                      tool_call_id=call_id, payload={"calls": call_ids} if grouped else {},
+                                      next_attempt_at=now, created_at=now))
+        if new:
+            Notice.objects.bulk_create(new, ignore_conflicts=True)
+            keys += [n.key for n in new]
+    return keys
+
+
+# --- delivering ------------------------------------------------------------------------------
+
+
+def backoff(attempts: int, base: float) -> timedelta:
+    return min(timedelta(seconds=float(base) * 2 ** max(attempts - 1, 0)), MAX_DELAY)
+
+
+def claim(where: Q, now: datetime, limit: int = ROUND) -> list[Notice]:
+    """Take the due notices matching ``where`` (at most ``limit``), in one statement: each gets
+    this delivery's token and a ``next_attempt_at`` past the send's time, so no other process
+    takes it meanwhile. The notices taken."""
+    token = uuid.uuid4().hex
+    due = Notice.objects.filter(where, status=NoticeStatus.PENDING, next_attempt_at__lte=now)
+    pks = list(due.order_by("next_attempt_at", "id").values_list("pk", flat=True)[:limit])
+    if not pks:
+        return []
+    # The same conditions again: another process may have taken some between the read and this.
+    Notice.objects.filter(pk__in=pks, status=NoticeStatus.PENDING, next_attempt_at__lte=now).update(
+        claim=token, next_attempt_at=now + CLAIM, attempts=F("attempts") + 1)
+    return list(Notice.objects.filter(pk__in=pks, claim=token, status=NoticeStatus.PENDING).order_by("id"))
+
+
+def deliver_one(notice: Notice, now: datetime) -> str:
+    """Deliver one notice this process claimed; its status afterwards."""
+    mine = Notice.objects.filter(pk=notice.pk, status=NoticeStatus.PENDING, claim=notice.claim)
+    try:
+        target = channel(notice.channel)
+        receipt = target.send(notice)
+    except NothingToSay as exc:
+        mine.update(status=NoticeStatus.SKIPPED, last_error=str(exc)[:2000], delivered_at=timezone.now())
+        return NoticeStatus.SKIPPED
+    except Exception as exc:  # a receiver or channel error fails this attempt, never the caller
+        options = configured().get(notice.channel, COMMON)
+        message = f"{type(exc).__name__}: {exc}"[:2000]
+        if notice.attempts >= int(options.get("MAX_ATTEMPTS") or COMMON["MAX_ATTEMPTS"]):
+            mine.update(status=NoticeStatus.FAILED, last_error=message)
+            log.warning("outbox: %s to %s failed for good after %d attempts: %s", notice.kind, notice.channel,
+                        notice.attempts, message)
+            return NoticeStatus.FAILED
+        delay = backoff(notice.attempts, options.get("BACKOFF") or COMMON["BACKOFF"])
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            delay = min(max(delay, timedelta(seconds=float(retry_after))), MAX_DELAY)
+        mine.update(next_attempt_at=now + delay, last_error=message)
+        log.info("outbox: %s to %s failed (attempt %d), again in %s: %s", notice.kind, notice.channel,
+                 notice.attempts, delay, message)
+        return "retry"
+    mine.update(status=NoticeStatus.DELIVERED, receipt=receipt, delivered_at=timezone.now(), last_error="")
+    return NoticeStatus.DELIVERED
+
+
+def deliver(keys: Iterable[str]) -> dict[str, str]:
+    """Deliver the notices ``keys`` that are due (the job sent at commit)."""
+    keys = list(keys)
+    now = timezone.now()
+    found: dict[str, str] = {}
+    for start in range(0, len(keys), ROUND):
+        for notice in claim(Q(key__in=keys[start:start + ROUND]), now):
+            found[notice.key] = deliver_one(notice, now)
+    return found
+
+
+def deliver_due(now: datetime | None = None, limit: int = ROUND, budget: float = ROUND_SECONDS) -> dict[str, str]:
+    """The reconciler's part: the pending notices whose time has come, up to ``limit`` and for
+    about ``budget`` seconds (claimed a few at a time: receivers that hang until their timeout
+    hold up one round that long, not the whole backlog's worth)."""
+    now = now or timezone.now()
+    stop = time.monotonic() + budget
+    found: dict[str, str] = {}
+    while len(found) < limit and time.monotonic() < stop:
+        taken = claim(Q(), now, min(CHUNK, limit - len(found)))
+        if not taken:
+            break
+        for notice in taken:
+            found[notice.key] = deliver_one(notice, now)
+    return found
+
+
+def retry(notices: Iterable[Notice]) -> int:
+    """Send failed (or skipped) notices again, from the first attempt (the admin's action)."""
+    pks = [n.pk for n in notices]
+    now = timezone.now()
+    updated = Notice.objects.filter(Q(status=NoticeStatus.FAILED) | Q(status=NoticeStatus.PENDING), pk__in=pks).update(
+        status=NoticeStatus.PENDING, attempts=0, next_attempt_at=now
+    )
+    keys = list(Notice.objects.filter(pk__in=pks, status=NoticeStatus.PENDING).values_list("key", flat=True))
+    wake(keys)
+    return updated

@@ -1,0 +1,163 @@
+"""Loopback stand-ins for the outside services of the channel tests, speaking their documented
+wire formats: a Slack Web API (``POST /api/<method>``, JSON or form bodies, a bearer token, answers
+``{"ok": true, ...}`` / ``{"ok": false, "error": ...}``, 429 with ``Retry-After``) and a webhook
+receiver that verifies the app's signature and honours the idempotency key."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
+from urllib.parse import parse_qs
+
+from nexo_django.channels.signing import SignatureError, verify_signature
+
+from .servers import LOOPBACK, free_port
+
+
+class _Loopback:
+    """A threaded HTTP server on 127.0.0.1 (a port chosen now; ``start`` may come later: until
+    then nothing listens there, as when the receiver is down)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+
+    def handle(self, handler: BaseHTTPRequestHandler, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                status, headers, answer = owner.handle(self, body)
+                self.send_response(status)
+                for name, value in {"Content-Length": str(len(answer)), **headers}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self._server = ThreadingHTTPServer((LOOPBACK, self.port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class SlackServer(_Loopback):
+    """Slack's Web API on loopback: messages by (channel, ts), every request in ``requests``."""
+
+    def __init__(self, token: str = "xoxb-test", port: int | None = None) -> None:
+        super().__init__(port)
+        self.token = token
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.messages: dict[tuple[str, str], dict[str, Any]] = {}
+        self.ephemeral: list[dict[str, Any]] = []
+        #: Slack user id -> the user object users.info answers
+        self.users: dict[str, dict[str, Any]] = {}
+        #: answer this many requests with 429 first
+        self.rate_limited = 0
+        self._ts = 1000
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}/api/"
+
+    def calls(self, method: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [fields for name, fields in self.requests if name == method]
+
+    def handle(self, handler: BaseHTTPRequestHandler, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        method = handler.path.rsplit("/", 1)[-1]
+        if handler.headers.get("Content-Type", "").startswith("application/json"):
+            fields = json.loads(body or b"{}")
+        else:
+            fields = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+        with self.lock:
+            self.requests.append((method, fields))
+            if self.rate_limited:
+                self.rate_limited -= 1
+                return 429, {"Retry-After": "1"}, b""
+            answer = self._answer(method, fields, handler.headers.get("Authorization", ""))
+        return 200, {"Content-Type": "application/json; charset=utf-8"}, json.dumps(answer).encode()
+
+    def _answer(self, method: str, fields: dict[str, Any], auth: str) -> dict[str, Any]:
+        if auth != f"Bearer {self.token}":
+            return {"ok": False, "error": "invalid_auth"}
+        if method == "chat.postMessage":
+            if not fields.get("channel"):
+                return {"ok": False, "error": "channel_not_found"}
+            self._ts += 1
+            ts = f"{self._ts}.000100"
+            self.messages[(fields["channel"], ts)] = fields
+            return {"ok": True, "channel": fields["channel"], "ts": ts, "message": {"text": fields.get("text")}}
+        if method == "chat.update":
+            key = (fields.get("channel"), fields.get("ts"))
+            if key not in self.messages:
+                return {"ok": False, "error": "message_not_found"}
+            self.messages[key] = {**self.messages[key], **fields}
+            return {"ok": True, "channel": key[0], "ts": key[1], "text": fields.get("text")}
+        if method == "chat.postEphemeral":
+            self.ephemeral.append(fields)
+            return {"ok": True, "message_ts": "1.1"}
+        if method == "users.info":
+            user = self.users.get(fields.get("user", ""))
+            return {"ok": True, "user": user} if user else {"ok": False, "error": "user_not_found"}
+        return {"ok": False, "error": "unknown_method"}
+
+
+class WebhookReceiver(_Loopback):
+    """Accepts the app's events: verifies the signature, keeps each idempotency key once."""
+
+    def __init__(self, secret: str, port: int | None = None) -> None:
+        super().__init__(port)
+        self.secret = secret
+        self.received: dict[str, dict[str, Any]] = {}
+        self.posts: list[dict[str, Any]] = []
+        self.refused: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}/hook"
+
+    def handle(self, handler: BaseHTTPRequestHandler, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        try:
+            verify_signature(self.secret, handler.headers.get("X-Nexo-Signature"), body)
+        except SignatureError as exc:
+            with self.lock:
+                self.refused.append(str(exc))
+            return 401, {}, b"bad signature"
+        event = json.loads(body)
+        with self.lock:
+            self.posts.append(event)
+            self.received.setdefault(handler.headers["Idempotency-Key"], event)
+        return 204, {}, b""
+
+
+def wait_for(predicate: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting")
