@@ -147,6 +147,17 @@ def deeper_than(value: Any, limit: int) -> bool:
 _encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
 
 
+def is_json(value: Any) -> bool:
+    """Whether ``value`` is made of JSON's types only (tuples as lists; keys strings)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(is_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and is_json(v) for k, v in value.items())
+    return False
+
+
 def dumps(value: Any) -> str:
     """The JSON text a column stores for ``value``: the value as is when the database keeps it
     unchanged (one C-speed encoding and a regex over its text), escaped when not."""

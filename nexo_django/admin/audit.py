@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
@@ -102,30 +102,54 @@ class _Line:
 
 
 def csv_lines(decisions: Iterator[Decision]) -> Iterator[str]:
+    return table_csv((row(decision) for decision in decisions), COLUMNS)
+
+
+def table_csv(rows: Iterator[dict[str, Any]], columns: Sequence[str]) -> Iterator[str]:
+    """``rows`` as CSV lines, a header first; formula-like cells made inert."""
     writer = csv.writer(_Line())
-    yield writer.writerow(COLUMNS)
-    for decision in decisions:
-        data = row(decision)
-        yield writer.writerow([_cell(data[c]) for c in COLUMNS])
+    yield writer.writerow(columns)
+    for data in rows:
+        yield writer.writerow([_cell(data[c]) for c in columns])
 
 
-def json_chunks(decisions: Iterator[Decision]) -> Iterator[str]:
+def table_json(rows: Iterator[dict[str, Any]]) -> Iterator[str]:
+    """``rows`` as one JSON array, streamed a row at a time."""
     yield "["
     first = True
-    for decision in decisions:
-        yield ("\n" if first else ",\n") + json.dumps(row(decision), ensure_ascii=False, default=str)
+    for data in rows:
+        yield ("\n" if first else ",\n") + json.dumps(data, ensure_ascii=False, default=str)
         first = False
     yield "\n]\n"
 
 
-def export_view(model_admin: ModelAdmin[Any], request: HttpRequest, fmt: str) -> HttpResponseBase:
-    """The changelist's decisions (its filters, search and order, every page) as ``fmt``."""
+def refuse_export(model_admin: Any, request: HttpRequest, fmt: str) -> HttpResponseBase | None:
+    """Why an export request is refused (a response), or ``None``: GET or HEAD only, the view
+    permission, and a format this module writes."""
     if request.method not in ("GET", "HEAD"):
         return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
     if fmt not in ("csv", "json"):
         return HttpResponseBadRequest("export as csv or json")
+    return None
+
+
+def export_response(rows: Iterator[dict[str, Any]], columns: Sequence[str], fmt: str, name: str) -> StreamingHttpResponse:
+    """``rows`` streamed as a ``fmt`` attachment named ``nexo-<name>-<timestamp>.<fmt>``."""
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    if fmt == "csv":
+        response = StreamingHttpResponse(table_csv(rows, columns), content_type="text/csv; charset=utf-8")
+    else:
+        response = StreamingHttpResponse(table_json(rows), content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="nexo-{name}-{stamp}.{fmt}"'
+    return response
+
+
+def export_view(model_admin: ModelAdmin[Any], request: HttpRequest, fmt: str) -> HttpResponseBase:
+    """The changelist's decisions (its filters, search and order, every page) as ``fmt``."""
+    if (refused := refuse_export(model_admin, request, fmt)) is not None:
+        return refused
     try:
         changelist = model_admin.get_changelist_instance(request)
     except IncorrectLookupParameters:
@@ -134,11 +158,4 @@ def export_view(model_admin: ModelAdmin[Any], request: HttpRequest, fmt: str) ->
     if "nexo_run_status" not in queryset.query.annotations:  # a project's own admin, not DecisionAdmin's
         queryset = queryset.annotate(nexo_run_status=F("tool_call__run__status"))
     decisions = queryset.iterator(chunk_size=CHUNK)
-    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
-    response: StreamingHttpResponse
-    if fmt == "csv":
-        response = StreamingHttpResponse(csv_lines(decisions), content_type="text/csv; charset=utf-8")
-    else:
-        response = StreamingHttpResponse(json_chunks(decisions), content_type="application/json")
-    response["Content-Disposition"] = f'attachment; filename="nexo-decisions-{stamp}.{fmt}"'
-    return response
+    return export_response((row(decision) for decision in decisions), COLUMNS, fmt, "decisions")

@@ -7,9 +7,6 @@ four eyes, the schema, once); posted with CSRF, checked in the view.
 
 from __future__ import annotations
 
-import csv
-import itertools
-import json
 from typing import Any
 
 from django import forms
@@ -20,14 +17,11 @@ from django.http import (
     Http404,
     HttpRequest,
     HttpResponse,
-    HttpResponseBadRequest,
     HttpResponseRedirect,
-    StreamingHttpResponse,
 )
 from django.http.response import HttpResponseBase
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -254,25 +248,8 @@ def answers_export_view(model_admin: Any, request: HttpRequest, fmt: str) -> Htt
     """Every question of every workflow, oldest first, with its answer and who gave it (or that it
     ended unanswered), as CSV or JSON, streamed; cells a spreadsheet would run as a formula are
     prefixed with ``'`` (as the decision log's export does)."""
-    if request.method not in ("GET", "HEAD"):
-        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
-    if not model_admin.has_view_permission(request):
-        raise PermissionDenied
-    if fmt not in ("csv", "json"):
-        return HttpResponseBadRequest("export as csv or json")
+    if (refused := audit.refuse_export(model_admin, request, fmt)) is not None:
+        return refused
     steps = (WorkflowStep.objects.filter(kind=StepKind.QUESTION).select_related("answered_by")
              .order_by("created_at", "id").iterator(chunk_size=audit.CHUNK))
-    rows = (answer_row(step) for step in steps)
-    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
-    response: StreamingHttpResponse
-    if fmt == "csv":
-        writer = csv.writer(audit._Line())
-        lines = itertools.chain([writer.writerow(ANSWER_COLUMNS)],
-                                (writer.writerow([audit._cell(r[c]) for c in ANSWER_COLUMNS]) for r in rows))
-        response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
-    else:
-        chunks = itertools.chain(["["], (("\n" if i == 0 else ",\n") + json.dumps(r, ensure_ascii=False, default=str)
-                                         for i, r in enumerate(rows)), ["\n]\n"])
-        response = StreamingHttpResponse(chunks, content_type="application/json")
-    response["Content-Disposition"] = f'attachment; filename="nexo-answers-{stamp}.{fmt}"'
-    return response
+    return audit.export_response((answer_row(step) for step in steps), ANSWER_COLUMNS, fmt, "answers")

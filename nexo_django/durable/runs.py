@@ -20,6 +20,7 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from .. import storable
 from ..conf import nexo_settings
 from ..core.agent import open_calls
 from ..core.errors import (
@@ -125,16 +126,6 @@ def _user(user: Any) -> Any:
     return user if user is not None and getattr(user, "is_authenticated", False) else None
 
 
-def _is_json(value: Any) -> bool:
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_is_json(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
-    return False
-
-
 # --- starting ------------------------------------------------------------------------------------
 
 
@@ -178,7 +169,7 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
     for key, value in kwargs.items():
         if key == "cwd" and value is not None:
             value = os.fspath(value)
-        if _is_json(value):
+        if storable.is_json(value):
             options[key] = value
         elif later:
             raise ConfigurationError(

@@ -30,6 +30,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from .. import storable
 from ..conf import nexo_settings
 from ..core.errors import (
     AlreadyDecided,
@@ -78,16 +79,6 @@ class _Suspend(BaseException):
 
 class _Lost(BaseException):
     """The run's lease was lost (cancelled, or taken over after this worker stalled): stop."""
-
-
-def _is_json(value: Any) -> bool:
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_is_json(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
-    return False
 
 
 def _as_stored(value: Any) -> Any:
@@ -188,7 +179,7 @@ def start_workflow(cls: type[Any], payload: Any, *, user: Any, later: bool, **op
         raise TypeError(f"{cls.__name__}.{method}() got unknown argument(s) {', '.join(unknown)}; "
                         f"it takes payload, user and {', '.join(WORKFLOW_OPTIONS)}")
     runs._check_user(cls, method, user)
-    if not _is_json(payload):
+    if not storable.is_json(payload):
         raise ConfigurationError(f"{cls.__name__}.{method}(payload): the payload is stored as JSON, and "
                                  f"{type(payload).__name__} is not JSON")
     try:
@@ -329,7 +320,7 @@ class Pass:
         if row is not None:
             return row.result
         value = fn(*args, **kwargs)
-        if not _is_json(value):
+        if not storable.is_json(value):
             raise WorkflowError(
                 f"checkpoint {name!r} returned a {type(value).__name__}: a step's result is stored as JSON "
                 "(dict, list, str, int, float, bool or None)"
@@ -401,7 +392,7 @@ class Pass:
             if not isinstance(question, str):
                 raise WorkflowError(f"ask({key!r}, ...): the question is a string, not {type(question).__name__}")
             if schema is not None:
-                if not isinstance(schema, dict) or not _is_json(schema):
+                if not isinstance(schema, dict) or not storable.is_json(schema):
                     raise WorkflowError(f"ask({key!r}, ...): schema is a JSON Schema (a dict), not {schema!r}")
                 try:
                     jsonschema.validators.validator_for(schema).check_schema(schema)
@@ -439,7 +430,7 @@ def execute_workflow(run: AgentRun) -> str:
             pass_ = Pass(run, token, lease, cls, recorded)
             value = cls(pass_).call(run.options.get("payload"))
             pass_.finish()
-            if not _is_json(value):
+            if not storable.is_json(value):
                 raise WorkflowError(f"{cls.__name__}.call returned a {type(value).__name__}: a run's result is stored as JSON")
     except _Suspend as suspend:
         return _suspend(run, token, suspend.step)
@@ -521,7 +512,7 @@ def answer_question(step: WorkflowStep, value: Any, *, by: Any) -> WorkflowStep:
 
 def check_answer(step: WorkflowStep, value: Any) -> None:
     """``InvalidAnswer`` with the reason if ``value`` does not match the question's schema."""
-    if not _is_json(value):
+    if not storable.is_json(value):
         raise InvalidAnswer(f"the answer to {step.name!r} must be JSON, not {type(value).__name__}")
     if step.schema is None:
         return
