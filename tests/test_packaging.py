@@ -163,8 +163,11 @@ def test_ci_ends_with_the_total_and_fails_when_a_test_failed(tmp_path: Path) -> 
         "echo '3 passed, 1 failed'\necho 'make: *** [Makefile:70: test] Error 1' >&2\nexit 2\n"
     )
     (bin_dir / "make").chmod(0o755)
-    for tool in ("dirname", "sed", "redis-server", "chromium", "chromedriver", "bwrap"):
+    for tool in ("dirname", "sed", "grep", "redis-server", "chromium", "chromedriver", "bwrap", "prlimit", "setpriv"):
         os.symlink(shutil.which(tool) or "/bin/true", bin_dir / tool)
+    # .ci/run asks ldconfig whether libseccomp is there: it is, say so.
+    (bin_dir / "ldconfig").write_text("#!/bin/sh\necho 'libseccomp.so.2 (libc6,x86-64) => /lib/libseccomp.so.2'\n")
+    (bin_dir / "ldconfig").chmod(0o755)
     (tmp_path / ".ci").mkdir()
     script = (REPO_ROOT / ".ci" / "run").read_text().replace("/usr/lib/postgresql/15/bin/postgres", "/bin/true")
     (tmp_path / ".ci" / "run").write_text(script)

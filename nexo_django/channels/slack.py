@@ -37,6 +37,7 @@ from django.utils.module_loading import import_string
 from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, NexoError, StaleDecision
 from ..display import mark_hidden
 from ..durable.outbox import DeliveryFailed, NothingToSay
+from ..jsonbody import read_json
 from ..models import AgentRun, CallStatus, Notice, NoticeStatus, RunStatus, ToolCall
 from .base import Channel, Refused, admin_url, run_urls, subject
 from .signing import SignatureError, verify_slack
@@ -237,7 +238,7 @@ class SlackChannel(Channel):
 
     def decide(self, request: HttpRequest) -> HttpResponse:
         try:
-            payload = json.loads(QueryDict(request.body).get("payload") or "")
+            payload = read_json(QueryDict(request.body).get("payload") or "", what="the payload field")
             action = payload["actions"][0]
             action_id, value = action["action_id"], action["value"]
             slack_user = payload["user"]["id"]

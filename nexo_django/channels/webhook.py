@@ -34,6 +34,7 @@ from django.utils.module_loading import import_string
 
 from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, StaleDecision
 from ..durable.outbox import DeliveryFailed, Refused
+from ..jsonbody import read_json
 from ..models import AgentRun, Notice, ToolCall
 from .base import Channel, admin_url, run_urls, subject
 from .signing import SignatureError, sign, verify_signature
@@ -133,7 +134,7 @@ class WebhookChannel(Channel):
         200 with the decision; 400 a malformed body; 403 a person who may not decide; 404 no such
         call; 409 already decided, expired, or a stale digest (nothing recorded then)."""
         try:
-            body = json.loads(request.body)
+            body = read_json(request.body)
             call_pk, digest, person = int(body["call"]), str(body["digest"]), str(body["user"])
             note = str(body.get("note", ""))[:2000]
             if body["verdict"] not in ("approve", "deny"):
