@@ -254,6 +254,7 @@ class DbJournal(Journal):
             self.emit("created", {"agent": run.agent, "later": False})
         #: the model's text not sent on yet: (turn, attempt, pieces, since when)
         self._text: tuple[int, int, list[str], float] | None = None
+        self._text_sent = False
         #: the last model reply is only buffered: it must be saved before any of its calls runs
         self._reply_unsaved = False
         #: what :meth:`suspend` prepares for :meth:`close`: rows to pend again, and new pending rows
@@ -283,10 +284,14 @@ class DbJournal(Journal):
         if buffered and buffered[2]:
             live.publish_delta(self.run.pk, buffered[0], buffered[1], "".join(buffered[2]))
             self._text = (buffered[0], buffered[1], [], time.monotonic())
+            self._text_sent = True
 
     def append(self, message: Message) -> None:
         if message.get("role") == "assistant":
             self._flush_text()
+            if self._text_sent:  # the readers get the text before the message that ends it
+                live.deltas_sent()
+                self._text_sent = False
             # At the edge: an id the database cannot keep fails the run before anything of it
             # is written (the model is not asked again).
             refuse_call_ids(message, self.call_id_limit)
