@@ -169,8 +169,14 @@ class JobTimeout(RunInterrupted):
     """A job ran past its rq timeout (``NEXO["JOB_TIMEOUT"]`` for a run's job)."""
 
 
+class JobStopped(RunInterrupted):
+    """rq's ``stop-job`` command stopped the run's job (the concurrent worker: at its next commit)."""
+
+
 #: Set by a worker that is shutting down: each run it carries stops at its next commit.
 _stopping = threading.Event()
+#: Runs to stop at their next commit (rq's ``stop-job``, :func:`stop_run_at_next_commit`).
+_stop_runs: set[str] = set()
 #: Whether a run hands its database connection back before each model request (see
 #: :func:`release_connection_before_model`).
 _release_before_model = False
@@ -179,6 +185,12 @@ _release_before_model = False
 def stop_at_next_commit() -> None:
     """Make every run of this process stop at its next commit (before its next model request)."""
     _stopping.set()
+
+
+def stop_run_at_next_commit(run_id: str) -> None:
+    """Make run ``run_id``, if this process drives it, fail with :class:`JobStopped` at its next
+    commit (before its next model request)."""
+    _stop_runs.add(run_id)
 
 
 def release_connection_before_model(release: bool = True) -> None:
@@ -309,6 +321,9 @@ class DbJournal(Journal):
             # Its worker is shutting down: what is buffered is committed (held) or nothing is
             # claimed (queued), and the run goes back to the queue from here (runs._hand_back).
             raise WorkerStopping(f"run {self.run.pk}: its worker is shutting down")
+        if _stop_runs and str(self.run.pk) in _stop_runs:
+            _stop_runs.discard(str(self.run.pk))
+            raise JobStopped("stopped by rq's stop-job command")
         if self._reply_unsaved:
             self.flush()
         elif self._start == "claim":
