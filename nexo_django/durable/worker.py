@@ -26,6 +26,7 @@ import queue as queues
 import sys
 import threading
 import time
+import traceback
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -450,6 +451,11 @@ class ConcurrentWorker(SimpleWorker):
                 self.perform_job(job, queue)
             except BaseException:  # rq records the job's own failures; this is rq's bookkeeping failing
                 log.exception("worker %s: job %s could not be finished", self.name, job.id)
+                # As rq's Worker does when its work horse fails: the job is failed, not left started.
+                try:
+                    self.handle_job_failure(job, queue=queue, exc_string=traceback.format_exc())
+                except Exception:
+                    log.exception("worker %s: job %s could not be filed as failed either", self.name, job.id)
             finally:
                 self.execution = None
                 self._forget_stop(job)

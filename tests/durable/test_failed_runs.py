@@ -14,7 +14,7 @@ from rq import Queue
 from rq.job import Job
 
 from nexo_django.durable import dispatch
-from nexo_django.models import AgentRun, RunStatus
+from nexo_django.models import RunStatus
 from tests.durable_agents import Keyless
 from tests.servers import wait_until
 from tests.wire_server import Answer, WireServer
