@@ -126,6 +126,10 @@ class _Notifier:
 
     #: Deltas waiting at most; past it the oldest are dropped (a reader then gets the message).
     BACKLOG = 10_000
+    #: Seconds without a delta after which the connection is closed (a stream sends one every
+    #: 0.1 s): a process that streams no more holds none (nor keeps a test database from being
+    #: dropped).
+    IDLE = 1.0
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
@@ -155,10 +159,16 @@ class _Notifier:
     def _loop(self) -> None:
         while True:
             with self.cond:
-                self.cond.wait_for(lambda: bool(self.waiting))
-                batch = list(self.waiting)
-                self.waiting.clear()
-                upto = self.handed
+                if not self.cond.wait_for(lambda: bool(self.waiting), self.IDLE if self.conn is not None else None):
+                    idle = True
+                else:
+                    idle = False
+                    batch = list(self.waiting)
+                    self.waiting.clear()
+                    upto = self.handed
+            if idle:  # no stream for a while: the connection is closed, not held for nothing
+                self._close()
+                continue
             try:
                 if time.monotonic() >= self.paused_until:
                     self._notify(batch)
