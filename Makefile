@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	  echo "creating $(VENV) with $$python"; \
 	  "$$python" -m venv $(VENV)
 	scripts/install $(PY) -e '.[test]'
+	@scripts/rq-tests $(PY) >/dev/null || echo "scripts/rq-tests: rq's tests not fetched now; tests/test_rq_worker_suite.py tries again"
 	@touch $(STAMP)
 
 venv: $(STAMP)

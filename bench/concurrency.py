@@ -53,8 +53,11 @@ class SlowServer:
     ``delay`` seconds, a tool call if the transcript does not end with a tool result, else a final
     answer. asyncio, so a thousand open requests cost it no thread each."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, *, stream: bool = False) -> None:
         self.delay = delay
+        #: answer a request that asks for a stream with one (the final answer, a word at a time
+        #: over ``delay``), as a provider does
+        self.stream = stream
         self.open = 0
         self.peak = 0
         self.served = 0
@@ -110,8 +113,13 @@ class SlowServer:
                 self.open += 1
                 self.peak = max(self.peak, self.open)
                 try:
+                    answer = self.answer(body)
+                    if self.stream and body.get("stream") and answer["choices"][0]["finish_reason"] == "stop":
+                        await self._stream(writer, answer)
+                        self.served += 1
+                        continue
                     await asyncio.sleep(self.delay)
-                    data = json.dumps(self.answer(body)).encode()
+                    data = json.dumps(answer).encode()
                 finally:
                     self.open -= 1
                 self.served += 1
@@ -122,6 +130,29 @@ class SlowServer:
             return
         finally:
             writer.close()
+
+    #: pieces of a streamed answer, sent ``delay / STREAM_PIECES`` seconds apart
+    STREAM_PIECES = 20
+
+    async def _stream(self, writer: asyncio.StreamWriter, answer: dict[str, Any]) -> None:
+        """The answer as Chat Completions chunks (Server-Sent Events, chunked encoding)."""
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+        def event(data: Any) -> None:
+            line = f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
+            writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+
+        head = {"id": answer["id"], "object": "chat.completion.chunk", "created": 0, "model": answer["model"]}
+        for i in range(self.STREAM_PIECES):
+            await asyncio.sleep(self.delay / self.STREAM_PIECES)
+            delta = {"role": "assistant", "content": f"word{i} "} if i == 0 else {"content": f"word{i} "}
+            event({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+            await writer.drain()
+        event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        event({**head, "choices": [], "usage": answer["usage"]})
+        event("[DONE]")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
 
     def answer(self, body: dict[str, Any]) -> dict[str, Any]:
         messages = body.get("messages") or [{}]

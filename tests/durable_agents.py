@@ -237,3 +237,16 @@ class Conversant(Agent):
     model = ScriptedModel([reply("Paris."), tool_call("write", path="notes.txt", content="Paris"), reply("Noted it.")])
     sandbox = "local"
     permissions = "approve"
+
+
+class SlowTeller(Agent):
+    """Scripted, streamed: answers :data:`TOLD` a word every 150 ms (about 2.7 s in all)."""
+
+    model = ScriptedModel([reply(TOLD)], stream=True, stream_delay=0.15)
+    sandbox = "virtual"
+
+
+class Keyless(Agent):
+    """The project's model (``NEXO["MODEL"]``): a test points it at a loopback provider."""
+
+    sandbox = "virtual"

@@ -9,9 +9,16 @@ from typing import Any
 from django.db import close_old_connections
 from rq.timeouts import UnixSignalDeathPenalty
 
+from ..models import AgentRun
 from .journal import JobTimeout, crash_point
 from .outbox import deliver
 from .runs import execute_run
+
+
+class RunFailed(Exception):
+    """A run's job ends with this when the run failed (``failed``, with why), so that rq files the
+    job as failed: the run is then in rq's failed job registry (django-rq's failed jobs), not
+    among its finished jobs, and the worker's log says so at ERROR (docs/deployment.md)."""
 
 
 def continue_run(run_id: str) -> str:
@@ -21,7 +28,11 @@ def continue_run(run_id: str) -> str:
     # one process, and a connection broken by a database restart would fail all later jobs.
     close_old_connections()
     try:
-        return execute_run(run_id)
+        outcome = execute_run(run_id)
+        if outcome == "failed":
+            error = AgentRun.objects.filter(pk=run_id).values_list("error", flat=True).first()
+            raise RunFailed(f"run {run_id} failed: {error}")
+        return outcome
     finally:
         close_old_connections()
 

@@ -169,8 +169,14 @@ class JobTimeout(RunInterrupted):
     """A job ran past its rq timeout (``NEXO["JOB_TIMEOUT"]`` for a run's job)."""
 
 
+class JobStopped(RunInterrupted):
+    """rq's ``stop-job`` command stopped the run's job (the concurrent worker: at its next commit)."""
+
+
 #: Set by a worker that is shutting down: each run it carries stops at its next commit.
 _stopping = threading.Event()
+#: Runs to stop at their next commit (rq's ``stop-job``, :func:`stop_run_at_next_commit`).
+_stop_runs: set[str] = set()
 #: Whether a run hands its database connection back before each model request (see
 #: :func:`release_connection_before_model`).
 _release_before_model = False
@@ -179,6 +185,12 @@ _release_before_model = False
 def stop_at_next_commit() -> None:
     """Make every run of this process stop at its next commit (before its next model request)."""
     _stopping.set()
+
+
+def stop_run_at_next_commit(run_id: str) -> None:
+    """Make run ``run_id``, if this process drives it, fail with :class:`JobStopped` at its next
+    commit (before its next model request)."""
+    _stop_runs.add(run_id)
 
 
 def release_connection_before_model(release: bool = True) -> None:
@@ -254,6 +266,7 @@ class DbJournal(Journal):
             self.emit("created", {"agent": run.agent, "later": False})
         #: the model's text not sent on yet: (turn, attempt, pieces, since when)
         self._text: tuple[int, int, list[str], float] | None = None
+        self._text_sent = False
         #: the last model reply is only buffered: it must be saved before any of its calls runs
         self._reply_unsaved = False
         #: what :meth:`suspend` prepares for :meth:`close`: rows to pend again, and new pending rows
@@ -283,10 +296,14 @@ class DbJournal(Journal):
         if buffered and buffered[2]:
             live.publish_delta(self.run.pk, buffered[0], buffered[1], "".join(buffered[2]))
             self._text = (buffered[0], buffered[1], [], time.monotonic())
+            self._text_sent = True
 
     def append(self, message: Message) -> None:
         if message.get("role") == "assistant":
             self._flush_text()
+            if self._text_sent:  # the readers get the text before the message that ends it
+                live.deltas_sent()
+                self._text_sent = False
             # At the edge: an id the database cannot keep fails the run before anything of it
             # is written (the model is not asked again).
             refuse_call_ids(message, self.call_id_limit)
@@ -304,6 +321,9 @@ class DbJournal(Journal):
             # Its worker is shutting down: what is buffered is committed (held) or nothing is
             # claimed (queued), and the run goes back to the queue from here (runs._hand_back).
             raise WorkerStopping(f"run {self.run.pk}: its worker is shutting down")
+        if _stop_runs and str(self.run.pk) in _stop_runs:
+            _stop_runs.discard(str(self.run.pk))
+            raise JobStopped("stopped by rq's stop-job command")
         if self._reply_unsaved:
             self.flush()
         elif self._start == "claim":

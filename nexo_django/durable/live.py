@@ -31,6 +31,7 @@ after id N never misses a later commit with a smaller id.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -40,7 +41,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, connections, router
+from django.db import connections, router
 
 from ..models import TERMINAL_RUN_STATUSES, AgentRun, RunEvent, RunStatus
 from . import dispatch, live_text
@@ -102,17 +103,112 @@ def publish_delta(run_id: Any, turn: int, attempt: int, text: str) -> None:
             payload["end"] = at
     channel = delta_channel()
     if channel == "postgresql":
-        try:
-            with connections[_alias()].cursor() as cursor:
-                for payload in payloads:
-                    cursor.execute("SELECT pg_notify(%s, %s)", [DELTAS_CHANNEL, json.dumps(payload)])
-        except DatabaseError as exc:  # the run goes on; the reader sees the finished message
-            log.debug("run %s: delta not sent: %s", run_id, exc)
+        _notifier.send(payloads)
     elif channel == "redis":
         _redis_publisher.publish([json.dumps(payload) for payload in payloads])
     else:
         for found in list(_hubs.values()):
             found.wake_from_thread(str(run_id), payloads)
+
+
+def deltas_sent(timeout: float = 1.0) -> None:
+    """Wait (``timeout`` seconds at most) until the deltas this process handed over so far are
+    sent: a run calls it before it commits the finished message, so that a reader gets the text
+    before the event that ends it (NOTIFYs of two connections reach a listener in commit order)."""
+    if _notifier.thread is not None:
+        _notifier.wait_sent(timeout)
+
+
+def _psycopg_params() -> dict[str, Any]:
+    """psycopg's connection parameters of the events' database, for a connection of our own."""
+    params = dict(connections[_alias()].get_connection_params())
+    for key in ("context", "cursor_factory", "prepare_threshold"):
+        params.pop(key, None)
+    return params
+
+
+class _Notifier:
+    """The ``"postgresql"`` channel's sender: one per process, a thread with a connection of its
+    own (autocommit, outside Django's pool), sending every delta waiting in one statement. A run
+    hands its deltas over and goes on: streaming takes no connection of the run's, so a run waiting
+    on its model holds none (a streaming run held a connection of the pool for its whole answer,
+    and ten of them took all of a pool of ten: issue 33). Silent for :data:`REDIS_PAUSE` seconds
+    after a failure, as the Redis channel is."""
+
+    #: Deltas waiting at most; past it the oldest are dropped (a reader then gets the message).
+    BACKLOG = 10_000
+    #: Seconds without a delta after which the connection is closed (a stream sends one every
+    #: 0.1 s): a process that streams no more holds none (nor keeps a test database from being
+    #: dropped).
+    IDLE = 1.0
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.waiting: collections.deque[str] = collections.deque(maxlen=self.BACKLOG)
+        #: deltas handed over, and deltas sent (or given up), since the process started
+        self.handed = self.done = 0
+        self.thread: threading.Thread | None = None
+        self.conn: Any = None
+        self.paused_until = 0.0
+
+    def send(self, payloads: list[dict[str, Any]]) -> None:
+        with self.cond:
+            for payload in payloads:
+                # NOTIFY folds identical payloads of one transaction into one: each is numbered.
+                self.handed += 1
+                self.waiting.append(json.dumps({**payload, "n": self.handed}))
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._loop, daemon=True, name="nexo-deltas")
+                self.thread.start()
+            self.cond.notify_all()
+
+    def wait_sent(self, timeout: float) -> None:
+        with self.cond:
+            target = self.handed
+            self.cond.wait_for(lambda: self.done >= target, timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                if not self.cond.wait_for(lambda: bool(self.waiting), self.IDLE if self.conn is not None else None):
+                    idle = True
+                else:
+                    idle = False
+                    batch = list(self.waiting)
+                    self.waiting.clear()
+                    upto = self.handed
+            if idle:  # no stream for a while: the connection is closed, not held for nothing
+                self._close()
+                continue
+            try:
+                if time.monotonic() >= self.paused_until:
+                    self._notify(batch)
+            except Exception as exc:  # psycopg.Error, OSError: the runs go on; readers get the messages
+                self.paused_until = time.monotonic() + REDIS_PAUSE
+                self._close()
+                log.debug("%d deltas not sent (none for %s s): %s", len(batch), REDIS_PAUSE, exc)
+            with self.cond:
+                self.done = upto
+                self.cond.notify_all()
+
+    def _notify(self, batch: list[str]) -> None:
+        if self.conn is None or self.conn.closed:
+            import psycopg
+
+            params = {k: v for k, v in _psycopg_params().items() if k != "connect_timeout"}
+            # Never a prepared statement: a transaction-mode pooler may sit between.
+            self.conn = psycopg.connect(autocommit=True, connect_timeout=5, prepare_threshold=None, **params)
+        # One statement, one transaction: its notifications reach a listener together, in order.
+        self.conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", [DELTAS_CHANNEL, batch])
+
+    def _close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+_notifier = _Notifier()
 
 
 class _RedisPublisher:
@@ -281,9 +377,7 @@ class Hub:
     async def _listen(self) -> None:
         import psycopg  # only on PostgreSQL, where Django's backend needs it anyway
 
-        params = dict(connections[_alias()].get_connection_params())
-        for key in ("context", "cursor_factory", "prepare_threshold"):
-            params.pop(key, None)
+        params = _psycopg_params()
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(autocommit=True, **params)

@@ -351,7 +351,9 @@ def _fail(run: AgentRun, journal: DbJournal | None, exc: BaseException, start: s
     message = f"{type(exc).__name__}: {exc}"
     quiet = (SecurityError, ConfigurationError, MaxTurnsExceeded, ModelError, UnstorableValue, RunInterrupted)
     if not isinstance(exc, quiet):
-        log.exception("run %s failed", run_id)
+        log.exception("run %s failed: %s", run_id, message)
+    else:  # an expected failure (a provider's 401, a timeout): its reason, without a traceback
+        log.error("run %s failed: %s", run_id, message)
     if journal is not None:
         if isinstance(exc, UnstorableValue):
             journal.drop_unsaved()  # what the database refused is not written again

@@ -17,6 +17,7 @@ lost machine. docs/deployment.md says why threads rather than asyncio, and how t
 from __future__ import annotations
 
 import collections
+import copy
 import ctypes
 import heapq
 import logging
@@ -25,10 +26,11 @@ import queue as queues
 import sys
 import threading
 import time
+import traceback
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
-from redis import BlockingConnectionPool, ConnectionPool
+from redis import BlockingConnectionPool, ConnectionPool, Redis
 from redis.exceptions import RedisError
 from rq.exceptions import StopRequested
 from rq.executions import Execution
@@ -38,13 +40,13 @@ from rq.utils import as_text, now
 from rq.worker import SimpleWorker, WorkerStatus
 
 from ..core.llm import http
-from . import journal
+from . import dispatch, journal
 
 if TYPE_CHECKING:
     from rq.job import Job
     from rq.queue import Queue
 
-__all__ = ["ConcurrentWorker", "JobTimeout", "ThreadDeathPenalty"]
+__all__ = ["ConcurrentWorker", "JobStopped", "JobTimeout", "ThreadDeathPenalty"]
 
 log = logging.getLogger("nexo_django.worker")
 
@@ -129,6 +131,7 @@ _watchdog = _Watchdog()
 
 
 JobTimeout = journal.JobTimeout
+JobStopped = journal.JobStopped
 
 
 class ThreadDeathPenalty(BaseDeathPenalty):
@@ -176,6 +179,9 @@ class ConcurrentWorker(SimpleWorker):
         self._done = threading.Condition(self._lock)
         #: job id -> job, for the jobs whose thread has not finished them
         self._in_flight: dict[str, Job] = {}
+        #: job id -> the ident of the thread running it; the jobs asked to stop (rq's stop-job)
+        self._job_threads: dict[str, int] = {}
+        self._stopped_jobs: set[str] = set()
         #: whether a stop request may interrupt the main thread where it is (waiting for a job)
         self._interruptible = False
         #: the state last sent to Redis on its own, and when (monotonic)
@@ -199,15 +205,18 @@ class ConcurrentWorker(SimpleWorker):
         """Have the threads wait for one of ``REDIS_CONNECTIONS`` Redis connections rather than
         open one each: redis-py's own pool refuses its 101st at once ("Too many connections"),
         which a burst of jobs, each starting in its thread (rq's bookkeeping), reached; and a
-        Redis server need not hold a connection per run in flight. The worker's queues share its
-        client (django-rq's ``get_worker``), so they share the pool."""
+        Redis server need not hold a connection per run in flight. The worker makes a client of
+        its own for that (the client it was given, which other code may share, keeps its pool),
+        and its queues use it."""
         pool = self.connection.connection_pool
         if type(pool) is ConnectionPool:  # not a Sentinel's, a cluster's or one of the project's own
-            self.connection.connection_pool = BlockingConnectionPool(
+            own = Redis(connection_pool=BlockingConnectionPool(
                 connection_class=pool.connection_class, max_connections=REDIS_CONNECTIONS, timeout=REDIS_WAIT,
                 **pool.connection_kwargs,
-            )  # fmt: skip
-            pool.disconnect()
+            ))  # fmt: skip
+            self.connection = own
+            self.queues = [self._on(queue, own) for queue in self.queues]
+            self._ordered_queues = self.queues[:]
         elif getattr(pool, "max_connections", REDIS_CONNECTIONS) < REDIS_CONNECTIONS and not isinstance(
             pool, BlockingConnectionPool
         ):
@@ -216,6 +225,15 @@ class ConcurrentWorker(SimpleWorker):
                 "with %d runs in flight, use a BlockingConnectionPool", self.name, type(pool).__name__,
                 pool.max_connections, self.concurrency,
             )  # fmt: skip
+
+    @staticmethod
+    def _on(queue: Queue, connection: Any) -> Queue:
+        """A copy of ``queue`` on ``connection`` (the one given is the caller's, left as it is)."""
+        if queue.connection is connection:
+            return queue
+        copied = copy.copy(queue)
+        copied.connection = connection
+        return copied
 
     # rq keeps the job being run on the worker (``self.execution``): here one per thread.
     @property
@@ -233,6 +251,24 @@ class ConcurrentWorker(SimpleWorker):
     # --- taking jobs -----------------------------------------------------------------------------
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        while True:
+            result = self._dequeue(timeout, max_idle_time)
+            if result is not None or timeout is not None or self._stop_requested:
+                return result
+            # A burst with the queues empty: it ends only once no job is in flight, since one that
+            # ends may enqueue more (its dependents, its retry), as rq's workers do (they run one
+            # job at a time, and look at the queues after it).
+            self._interruptible = True
+            try:
+                with self._lock:
+                    if not self._in_flight:
+                        return None
+                    self._done.wait(BUSY_HEARTBEAT)
+            finally:
+                self._interruptible = False
+            self.heartbeat()
+
+    def _dequeue(self, timeout: int | None, max_idle_time: int | None) -> Any:
         if self._prefetched and not self._stop_requested:
             return self._prefetched.popleft()  # its slot was taken with it
         if not self._wait_for_slot():
@@ -404,6 +440,8 @@ class ConcurrentWorker(SimpleWorker):
             if task is None:
                 return
             job, queue = task
+            with self._lock:
+                self._job_threads[job.id] = threading.get_ident()
             try:
                 execution = self._started_together.get(job.id)
                 if execution is None:
@@ -413,13 +451,21 @@ class ConcurrentWorker(SimpleWorker):
                 self.perform_job(job, queue)
             except BaseException:  # rq records the job's own failures; this is rq's bookkeeping failing
                 log.exception("worker %s: job %s could not be finished", self.name, job.id)
+                # As rq's Worker does when its work horse fails: the job is failed, not left started.
+                try:
+                    self.handle_job_failure(job, queue=queue, exc_string=traceback.format_exc())
+                except Exception:
+                    log.exception("worker %s: job %s could not be filed as failed either", self.name, job.id)
             finally:
                 self.execution = None
+                self._forget_stop(job)
                 # A finished run holds no connection: the next job of this thread opens its own.
                 for conn in connections.all(initialized_only=True):
                     conn.close()
                 with self._lock:
                     self._in_flight.pop(job.id, None)
+                    self._job_threads.pop(job.id, None)
+                    self._stopped_jobs.discard(job.id)
                     self._done.notify_all()
                 self._slots.release()
 
@@ -458,6 +504,53 @@ class ConcurrentWorker(SimpleWorker):
 
     # --- stopping --------------------------------------------------------------------------------
 
+    def handle_payload(self, message: Any) -> None:
+        """rq's commands (``rq.command``): ``stop-job`` stops that job if it is in flight here,
+        whichever thread runs it (rq's own handler looks at one current job only). ``shutdown``
+        and ``kill-horse`` are rq's (a warm shutdown; no work horse to kill)."""
+        from rq.command import parse_payload
+
+        payload = parse_payload(message)
+        if payload.get("command") == "stop-job":
+            self.stop_job(str(payload.get("job_id")))
+            return
+        super().handle_payload(message)
+
+    def stop_job(self, job_id: str) -> bool:
+        """Stop a job in flight: a run's job at the run's next commit (the run fails, ``JobStopped``,
+        and can be retried), any other job at its next Python instruction in its own thread. rq
+        files the job as stopped, in its failed registry. False if it is not in flight here."""
+        with self._lock:
+            job = self._in_flight.get(job_id)
+            ident = self._job_threads.get(job_id)
+            if job is None:
+                self.log.info("Worker %s: not working on job %s, command ignored", self.name, job_id)
+                return False
+            self._stopped_jobs.add(job_id)
+        self.log.info("Worker %s: stopping job %s", self.name, job_id)
+        if job.func_name == dispatch.JOB_FUNC and job.args:
+            journal.stop_run_at_next_commit(str(job.args[0]))
+        elif ident is not None:
+            _async_raise(ident, JobStopped)
+        return True
+
+    def _forget_stop(self, job: Job) -> None:
+        """After a job: a stop asked for it and not used is dropped (not raised later, elsewhere)."""
+        with self._lock:
+            asked = job.id in self._stopped_jobs
+        if asked:
+            _async_raise(threading.get_ident(), None)
+            if job.func_name == dispatch.JOB_FUNC and job.args:
+                journal._stop_runs.discard(str(job.args[0]))
+
+    def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None, exc_string: str = "") -> None:
+        with self._lock:
+            stopped = job.id in self._stopped_jobs
+            self._stopped_jobs.discard(job.id)
+            if stopped:  # rq's mark of a job stopped on purpose (one at a time: under the lock)
+                self._stopped_job_id = job.id
+            super().handle_job_failure(job, queue, started_job_registry, exc_string)
+
     def _shutdown(self) -> None:
         """A warm shutdown: take no more jobs, and have every run in flight stop at its next commit
         (it goes back to the queue there). The main thread is interrupted only while it waits for a
@@ -475,6 +568,13 @@ class ConcurrentWorker(SimpleWorker):
         try:
             self._return_prefetched()
             left = self._drain(self.shutdown_grace if self._stop_requested else None)
+            if not left:
+                # Each thread was told to end: wait for it, and forget it, so that work() called
+                # again starts threads anew (counted and not running, they took jobs for ever).
+                for thread in self._threads:
+                    thread.join(BUSY_HEARTBEAT)
+                with self._lock:
+                    self._threads = [thread for thread in self._threads if thread.is_alive()]
         finally:
             super().teardown()
         if left:

@@ -189,3 +189,26 @@ def test_a_job_timeout_ends_one_run_and_its_cpu_hog_stalls_no_neighbour_scripted
     after = Brisk.run_later("after")
     wait_all([after], RunStatus.DONE, workers=workers)
     assert workers.alive() == [True]
+
+
+def test_rqs_stop_job_stops_that_run_at_its_next_commit_and_no_other_scripted(
+    rq_worker: Any, redis_queue_settings: Any
+) -> None:
+    """rq's ``stop-job`` (the dashboard's "stop") reaches the run in its thread: it fails at its
+    next commit, before its next model request, with why; its neighbour goes on. (rq's own
+    handler looked at one "current job" and had no work horse to kill: nothing stopped.)"""
+    from rq.command import send_stop_job_command
+
+    workers = rq_worker(concurrency=2)
+    doomed, neighbour = Patient.run_later("stop me"), Brisk.run_later("go on")
+    wait_all([doomed, neighbour], RunStatus.RUNNING, workers=workers)
+    doomed.refresh_from_db()
+    job_id = dispatch.job_id(doomed.pk, doomed.generation)
+    send_stop_job_command(dispatch.get_queue().connection, job_id)
+    wait_all([neighbour], RunStatus.DONE, workers=workers)
+    wait_all([doomed], RunStatus.FAILED, workers=workers)
+    doomed.refresh_from_db()
+    assert doomed.error == "JobStopped: stopped by rq's stop-job command"
+    assert RunStatus.DONE not in {doomed.status}
+    wait_until(lambda: dispatch.job_status(doomed.pk, doomed.generation) == "stopped", timeout=WAIT,
+               what="rq to file the job as stopped")  # fmt: skip

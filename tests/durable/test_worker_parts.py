@@ -128,6 +128,7 @@ def redis(redis_server: Any) -> Iterator[Any]:
 
 def test_rq_asks_about_suspension_and_sends_its_state_once_a_second(redis: Any) -> None:
     worker = ConcurrentWorker([Queue("parts", connection=redis)], connection=redis, concurrency=4)
+    given, redis = redis, worker.connection  # its own client (on a pool of its own)
     sent: list[str] = []
     execute = redis.execute_command
 
@@ -148,17 +149,17 @@ def test_rq_asks_about_suspension_and_sends_its_state_once_a_second(redis: Any) 
         worker.set_state("idle")
     assert sent.count("HSET") == 1  # the state, once
     assert sent.count("PIPELINE") == 1  # the suspension check (with a heartbeat), once
-    suspend(redis)
+    suspend(given)
     try:
         time.sleep(1.05)
-        stopper = threading.Timer(0.3, resume, args=(redis,))
+        stopper = threading.Timer(0.3, resume, args=(given,))
         stopper.start()
         began = time.monotonic()
         worker.check_for_suspension(burst=False)  # a second on: asks again, and obeys
         assert time.monotonic() - began >= 0.25
         stopper.join()
     finally:
-        resume(redis)
+        resume(given)
         redis.execute_command = execute  # type: ignore[method-assign]
         redis.pipeline = pipeline  # type: ignore[method-assign]
 
@@ -286,9 +287,13 @@ def test_threads_share_a_bounded_pool_of_redis_connections(redis_server: Any) ->
     plain.close()
 
     client = Redis.from_url(redis_server.url)
-    worker = ConcurrentWorker([Queue("parts-pool", connection=client)], connection=client, concurrency=300)
+    given_pool, given_queue = client.connection_pool, Queue("parts-pool", connection=client)
+    worker = ConcurrentWorker([given_queue], connection=client, concurrency=300)
     assert isinstance(worker.connection.connection_pool, BlockingConnectionPool)
     assert worker.queues[0].connection.connection_pool is worker.connection.connection_pool
+    # the client it was given (other code may share it) and its queue are left as they were
+    assert client.connection_pool is given_pool and given_queue.connection is client
+    assert worker.connection is not client
     assert at_once(worker.connection, 150) == []
     assert len(worker.connection.connection_pool._connections) <= REDIS_CONNECTIONS
     worker.connection.close()
@@ -305,3 +310,92 @@ def test_the_worker_starts_its_threads_before_taking_a_job(redis: Any) -> None:
     for thread in worker._threads:
         thread.join(5)
         assert not thread.is_alive()
+
+
+def _record(*items: Any) -> None:
+    """A job: appends its items to the Redis list ``parts-done`` (on the suite's Redis)."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    assert job is not None
+    job.connection.rpush("parts-done", *[str(item) for item in items])
+
+
+def _fail_once(key: str) -> None:
+    """A job that fails the first time it runs (its retry then succeeds)."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    assert job is not None
+    if job.connection.incr(key) == 1:
+        raise RuntimeError("the first try fails")
+    job.connection.rpush("parts-done", "retried")
+
+
+def _spin(seconds: float) -> None:
+    """A job of Python instructions for ``seconds`` (an exception raised into it lands)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(30)  # it hung for ever (pytest-timeout's SIGALRM: the worker's timeouts are not alarms)
+def test_work_called_again_on_the_same_worker_runs_the_new_jobs(redis: Any) -> None:
+    """rq's workers can work() again after a burst; this one's threads ended at the first one's
+    end, were still counted, and the second burst waited for ever with its job left started."""
+    queue = Queue("parts-again", connection=redis)
+    queue.empty()
+    redis.delete("parts-done")
+    worker = ConcurrentWorker([queue], connection=redis, concurrency=2)
+    queue.enqueue_call(func=_record, args=("first",))
+    worker.work(burst=True)
+    queue.enqueue_call(func=_record, args=("second",))
+    worker.work(burst=True)
+    assert redis.lrange("parts-done", 0, -1) == [b"first", b"second"]
+    assert queue.started_job_registry.count == 0 and queue.finished_job_registry.count == 2
+
+
+def test_a_burst_waits_for_the_dependents_and_retries_its_jobs_enqueue(redis: Any) -> None:
+    """A burst ends once nothing is queued and nothing is in flight: a job ending may enqueue its
+    dependents or its retry, which the burst then runs (it returned with them still queued)."""
+    from rq import Retry
+
+    queue = Queue("parts-burst-deps", connection=redis)
+    queue.empty()
+    redis.delete("parts-done", "parts-tries")
+    parent = queue.enqueue_call(func=_record, args=("parent",))
+    queue.enqueue_call(func=_record, args=("child",), depends_on=parent)
+    queue.enqueue_call(func=_fail_once, args=("parts-tries",), retry=Retry(max=1))
+    ConcurrentWorker([queue], connection=redis, concurrency=4).work(burst=True)
+    assert sorted(redis.lrange("parts-done", 0, -1)) == [b"child", b"parent", b"retried"]
+    assert queue.count == 0 and queue.finished_job_registry.count == 3
+
+
+@pytest.mark.timeout(60)
+def test_rqs_stop_job_command_stops_that_job_and_no_other(redis: Any) -> None:
+    """rq's ``stop-job`` reaches the job's own thread: that job is stopped (rq's "stopped", in its
+    failed registry), its neighbour finishes. (A run's job stops at the run's next commit instead,
+    through the journal: ``journal.stop_run_at_next_commit``.)"""
+    from rq.command import send_stop_job_command
+
+    queue = Queue("parts-stop", connection=redis)
+    queue.empty()
+    redis.delete("parts-done")
+    worker = ConcurrentWorker([queue], connection=redis, concurrency=2)
+    doomed = queue.enqueue_call(func=_spin, args=(20,))
+    neighbour = queue.enqueue_call(func=_spin, args=(1.5,))
+    seen: list[set[str]] = []
+
+    def stop_when_both_run() -> None:
+        deadline = time.monotonic() + 10
+        while set(worker.in_flight()) != {doomed.id, neighbour.id} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        seen.append(set(worker.in_flight()))
+        send_stop_job_command(redis, doomed.id)
+
+    threading.Thread(target=stop_when_both_run, daemon=True).start()
+    began = time.monotonic()
+    worker.work(burst=True)  # returns once both jobs ended
+    assert seen == [{doomed.id, neighbour.id}] and time.monotonic() - began < 15
+    assert doomed.get_status(refresh=True) == "stopped" and doomed.id in queue.failed_job_registry
+    assert neighbour.get_status(refresh=True) == "finished"
