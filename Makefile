@@ -34,7 +34,12 @@ RESULTS := .test-results
 JOBS ?= 2
 # The whole suite on SQLite, in two processes (pytest-xdist, one file each at a time): much of it
 # waits on servers, workers and browsers, and CI has two cores.
-SQLITE_RUN = $(PY) -m pytest -n $(JOBS) --dist loadfile --cov=nexo_django --cov-report= --junitxml=$(RESULTS)/sqlite.xml $(PYTEST_ARGS)
+# rq's own worker tests (tests/test_rq_worker_suite.py: one pytest of rq's, about a minute, mostly
+# waiting on rq's workers) run on their own, beside the PostgreSQL passes, as the matrix does.
+RQ_SUITE := tests/test_rq_worker_suite.py
+SQLITE_RUN = $(PY) -m pytest -n $(JOBS) --dist loadfile --cov=nexo_django --cov-report= --junitxml=$(RESULTS)/sqlite.xml \
+  $(or $(PYTEST_ARGS),--ignore=$(RQ_SUITE))
+RQ_SUITE_RUN = $(PY) -m pytest -q -p no:cacheprovider --junitxml=$(RESULTS)/rq-suite.xml $(RQ_SUITE)
 VERSIONS = $(PY) -c "import django, sys; print('main cell: Python', sys.version.split()[0], 'Django', django.__version__)"
 MIGRATIONS_CHECK = $(PY) -m django makemigrations --check --dry-run --settings=tests.settings nexo_django
 COVERAGE_REPORT = $(PY) -m coverage report --sort=cover --skip-covered | tail -n 12
@@ -48,16 +53,18 @@ pytest: $(STAMP)
 	@$(VERSIONS)
 	$(SQLITE_RUN)
 	$(COVERAGE_REPORT)
+	$(if $(PYTEST_ARGS),,$(RQ_SUITE_RUN))
 	$(MAKE) --no-print-directory postgres
 
 # The durable tests again on a PostgreSQL the script starts (in two processes, each with its own
-# test database, as the SQLite run), then the statements' own tests once
+# test database, as the SQLite run; the browser tests once, on SQLite: what they add over the
+# page tests is the browser, not the database), then the statements' own tests once
 # more with prepared statements (docs/deployment.md): what preparing can change is how each
 # statement is sent.
 postgres: $(STAMP)
 	@mkdir -p $(RESULTS)
-	WITH_POSTGRES_PYTHON=$(PY) scripts/with-postgres $(PY) -m pytest -m durable -n $(JOBS) --dist loadfile \
-	  --junitxml=$(RESULTS)/postgres.xml $(PYTEST_ARGS)
+	WITH_POSTGRES_PYTHON=$(PY) scripts/with-postgres $(PY) -m pytest -m "durable and not browser" -n $(JOBS) \
+	  --dist loadfile --junitxml=$(RESULTS)/postgres.xml $(PYTEST_ARGS)
 	WITH_POSTGRES_PYTHON=$(PY) WITH_POSTGRES_URL_OPTIONS="server_side_binding=true&prepare_threshold=1" \
 	  scripts/with-postgres $(PY) -m pytest -m durable --junitxml=$(RESULTS)/postgres-prepared.xml \
 	  $(or $(PYTEST_ARGS),$(PREPARED_TESTS))
@@ -76,10 +83,12 @@ test: lint typecheck
 	  $(VERSIONS); \
 	  $(SQLITE_RUN) || status=1; \
 	  $(COVERAGE_REPORT); \
-	  echo "the matrix runs beside the PostgreSQL passes; its lines follow them"; \
+	  echo "the matrix and rq's worker tests run beside the PostgreSQL passes; their lines follow them"; \
 	  MATRIX_RESULTS=$(RESULTS) scripts/matrix > $(RESULTS)/matrix.log 2>&1 & matrix=$$!; \
+	  $(if $(PYTEST_ARGS),true,$(RQ_SUITE_RUN)) > $(RESULTS)/rq-suite.log 2>&1 & rqsuite=$$!; \
 	  $(MAKE) --no-print-directory postgres || status=1; \
 	  wait $$matrix || status=1; cat $(RESULTS)/matrix.log; \
+	  wait $$rqsuite || status=1; tail -n 3 $(RESULTS)/rq-suite.log; \
 	  echo; echo "every pytest run of make test:"; scripts/total $(RESULTS) || status=1; \
 	  exit $$status
 
