@@ -60,7 +60,7 @@ def main() -> None:
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    from nexo_django import audit
+    from nexo_django.admin import audit
     from nexo_django.models import Decision
 
     start = time.perf_counter()
