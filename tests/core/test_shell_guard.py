@@ -75,7 +75,10 @@ def test_pid_1_holds_no_host_handle_over_300_races(who: str, ws: Path) -> None:
         f"[ -e /proc/1/fd/$n/{os.getpid()} ] && w=$((w+1)); "
         "done; i=$((i+1)); done; echo $w"
     )
-    first = "tr '\\0' ' ' < /proc/1/cmdline; echo; ls /proc/1/fd | tr '\\n' ' '; echo; readlink /proc/1/fd/*"
+    # PID 1's descriptors are listed by a child shell that makes its own redirections: a pipeline or
+    # a glob of PID 1's own would show the pipe or the directory PID 1 holds for that moment.
+    first = ("tr '\\0' ' ' < /proc/1/cmdline; echo; sh -c 'ls /proc/1/fd > fds.txt'; tr '\\n' ' ' < fds.txt; echo; "
+             "sh -c 'for fd in /proc/1/fd/*; do readlink $fd; done'")
     pid_1, *results = run(who, ws, first, *[probe] * 150, timeout=10)
     # Deterministic: PID 1 is the command itself (the caps' prlimit exec'd into it), not a
     # bubblewrap init, and it holds only its stdin, stdout and stderr (/dev/null and two pipes).
