@@ -59,7 +59,9 @@ def _run_page(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_follow_up_example_runs_in_manage_py_shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_follow_up_example_runs_in_manage_py_shell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """docs/durable-runs.md's follow-up, pasted into ``manage.py shell`` (``shell -c``, in this
     process): its agent class is defined where nothing can import it by its path."""
     from django.core.management import call_command
@@ -68,6 +70,8 @@ def test_the_follow_up_example_runs_in_manage_py_shell(tmp_path: Path, monkeypat
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("NEXO_MODEL", raising=False)
     call_command("shell", command=block + "\nprint('follow-up:', second.result)")
+    # The follow-up ran to the end and answered from the scripted second turn.
+    assert "follow-up: About 2.1 million people." in capsys.readouterr().out
 
 
 def test_the_admin_examples_declare_their_agents() -> None:
