@@ -81,15 +81,15 @@ def decision_url(call: ToolCall) -> str:
     return site + reverse("admin:nexo_django_pendingapproval_change", args=[call.pk])
 
 
-def _short(text: str, limit: int) -> str:
+def short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     return " ".join(mark_hidden(text).split())
 
 
-def _deadline(at: datetime | None) -> str:
+def deadline_text(at: datetime | None) -> str:
     return "none (it waits until someone decides)" if at is None else at.strftime("%Y-%m-%d %H:%M UTC")
 
 
@@ -99,12 +99,12 @@ def message_parts(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> tu
     the plain text the prompt is quoted and each call's arguments stay on one line, so none of it
     can pass for the notice's own lines; in the HTML it is escaped. (The plain text is not
     HTML-escaped: a mail reader shows it as it is, ``&quot;`` and all.)"""
-    agent = _one_line(run.agent_name)
+    agent = one_line(run.agent_name)
     lead = "Reminder: " if reminder else ""
-    subject = _short(f"{lead}{agent} run {str(run.pk)[:8]} waits for your approval ({len(calls)} call"
+    subject = short(f"{lead}{agent} run {str(run.pk)[:8]} waits for your approval ({len(calls)} call"
                      f"{'s' if len(calls) != 1 else ''})", 150)
-    prompt = _short(mark_hidden(run.prompt, keep="\n"), PROMPT_CHARS)
-    first = f"{lead}{agent} ({_one_line(run.agent)}) waits for a decision."
+    prompt = short(mark_hidden(run.prompt, keep="\n"), PROMPT_CHARS)
+    first = f"{lead}{agent} ({one_line(run.agent)}) waits for a decision."
     lines = [
         first,
         "",
@@ -115,14 +115,14 @@ def message_parts(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> tu
     ]
     items = []
     for index, call in enumerate(calls, 1):
-        name = _one_line(call.name)
+        name = one_line(call.name)
         # JSON writes a newline inside a string as \\n: the arguments are one line.
-        args = _short(mark_hidden(json.dumps(call.args, ensure_ascii=False, default=str)), ARGS_CHARS)
+        args = short(mark_hidden(json.dumps(call.args, ensure_ascii=False, default=str)), ARGS_CHARS)
         url = decision_url(call)
-        lines += [f"{index}. {name} {args}", f"   Deadline: {_deadline(call.expires_at)}", f"   Decide: {url}", ""]
+        lines += [f"{index}. {name} {args}", f"   Deadline: {deadline_text(call.expires_at)}", f"   Decide: {url}", ""]
         items.append(
             f"<li><strong>{html.escape(name)}</strong> <code>{html.escape(args)}</code><br>"
-            f"Deadline: {_deadline(call.expires_at)}<br>"
+            f"Deadline: {deadline_text(call.expires_at)}<br>"
             f'<a href="{html.escape(url)}">Open the decision page</a></li>'
         )
     lines.append("The link opens the call's page; nothing is decided until you press a button there.")

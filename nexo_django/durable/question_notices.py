@@ -35,14 +35,14 @@ def answer_url(step: WorkflowStep) -> str:
 
 
 def message_parts(step: WorkflowStep) -> tuple[str, str, str]:
-    workflow = notify._one_line(step.workflow.rsplit(".", 1)[-1])
-    key = html.escape(notify._one_line(step.name))
-    question = html.escape(notify._short(mark_hidden(step.question, keep="\n"), QUESTION_CHARS))
+    workflow = notify.one_line(step.workflow.rsplit(".", 1)[-1])
+    key = html.escape(notify.one_line(step.name))
+    question = html.escape(notify.short(mark_hidden(step.question, keep="\n"), QUESTION_CHARS))
     url = answer_url(step)
-    subject = notify._short(f"{workflow} run {str(step.run_id)[:8]} asks: {notify._one_line(step.name)}", 150)
-    deadline = notify._deadline(step.expires_at).replace("decides", "answers")
+    subject = notify.short(f"{workflow} run {str(step.run_id)[:8]} asks: {notify.one_line(step.name)}", 150)
+    deadline = notify.deadline_text(step.expires_at).replace("decides", "answers")
     text = "\n".join([
-        f"{workflow} ({html.escape(notify._one_line(step.workflow))}) asks a question ({key}):", "",
+        f"{workflow} ({html.escape(notify.one_line(step.workflow))}) asks a question ({key}):", "",
         *(f"> {line}" for line in question.splitlines() or [""]), "",
         f"Deadline: {deadline}", f"Answer: {url}", "",
         "The link opens the question's page; nothing is answered until you send its form.",
