@@ -157,6 +157,11 @@ def main() -> None:
         "commit_floor", db=db_label(), commit_median_ms=commit_ms, no_wait_commit_median_ms=commit_cost(wait=False),
         durable_write_transactions=durable_writes, floor_ms=commit_ms * durable_writes,
     )  # fmt: skip
+    # Issue 34: the cycle as a multiple of the bare durable commits it needs (the floor).
+    figure(
+        "cycle_over_floor", db=db_label(), start=args.start, cycle_median_ms=ms(median(times)),
+        floor_ms=commit_ms * durable_writes, multiple=ms(median(times)) / (commit_ms * durable_writes),
+    )  # fmt: skip
     figure("approval_cycle_rows", db=db_label(), sandbox=args.sandbox, **{f"{name}_bytes": size for name, size in rows.items()})
 
 

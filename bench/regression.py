@@ -177,7 +177,8 @@ def gate(args: argparse.Namespace) -> int:
             for key, (b, n, ratio) in judged.items():
                 print(
                     f"figure=regression check={check.name} key={key} baseline={b:.3g} now={n:.3g} "
-                    f"ratio={ratio:.3f} pairs={len(now)} baseline_revision={revision[:12]}",
+                    f"ratio={ratio:.3f} pairs={len(now)} baseline_revision={revision[:12]} "
+                    f"mode={'quick' if args.quick else 'full'}",
                     flush=True,
                 )
     return 0

@@ -1,5 +1,7 @@
 """`make bench`: run every benchmark, print the figures, compare them with the targets, and write
-bench/results/latest.txt. Numbers never fail the run; only a benchmark that crashes does.
+bench/results/latest.txt. Targets missed are reported, not failed; what fails the run (non-zero)
+is a benchmark that crashes, or a figure of the regression gate (bench/regression.py) more than
+10 % over the stored baseline's.
 
 Starts one throwaway PostgreSQL for all of them (the queue benchmark starts its own Redis), both
 on 127.0.0.1 through tests/servers.py, and stops them at the end.
@@ -27,10 +29,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.targets import TARGETS, evaluate, parse  # noqa: E402
+from bench.targets import GATES, TARGETS, evaluate, parse  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "latest.txt"
 STEP_TIMEOUT = 300  # seconds; a benchmark that hangs is stopped and reported
+
+
+#: The second Python the worker's targets are measured on (issue 34: 3.12 and 3.13 alike);
+#: ``make bench`` creates it.
+PY312 = ROOT / ".venv-bench312" / "bin" / "python"
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,9 @@ class Step:
     name: str
     args: list[str]
     quick: list[str]
+    #: the interpreter (default: this one)
+    python: Path | None = None
+    timeout: int = STEP_TIMEOUT
 
 
 STEPS = [
@@ -72,6 +82,11 @@ STEPS = [
     Step("peers_postgres_prepared", ["bench.peers", "--nexo-db", "postgres-prepared"], ["--cycles", "30", "--round", "10"]),
     Step("reconcile_sqlite", ["bench.reconcile", "--db", "sqlite"], ["--sizes", "1000,10000", "--rounds", "5"]),
     Step("reconcile_postgres", ["bench.reconcile", "--db", "postgres"], ["--sizes", "1000,10000", "--rounds", "5"]),
+    # The concurrent worker beside the asyncio peer (issue 34's worker targets), on both Pythons.
+    Step("concurrency", ["bench.concurrency", "--skip", "simple"], ["--runs", "50"]),
+    Step("concurrency_py312", ["bench.concurrency", "--skip", "simple"], ["--runs", "50"], python=PY312),
+    # Last: the regression gate, the stored baseline's revision beside this tree, interleaved.
+    Step("regression", ["bench.regression"], ["--quick", "--pairs", "1"], timeout=900),
 ]
 
 
@@ -175,7 +190,11 @@ def header(pg_bin: str) -> list[str]:
 
 
 def run_step(step: Step, quick: bool, env: dict[str, str], emit: Callable[[str], None]) -> tuple[bool, float]:
-    argv = [sys.executable, "-m", *step.args, *(step.quick if quick else [])]
+    python = step.python or Path(sys.executable)
+    if not python.exists():
+        print(f"\n== {step.name}: not measured: {python} is missing (`make bench` creates it)", flush=True)
+        return True, 0.0
+    argv = [str(python), "-m", *step.args, *(step.quick if quick else [])]
     print(f"\n== {step.name}: {' '.join(argv[1:])}", flush=True)
     start = time.monotonic()
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
@@ -186,7 +205,7 @@ def run_step(step: Step, quick: bool, env: dict[str, str], emit: Callable[[str],
         timed_out.set()
         os.killpg(proc.pid, signal.SIGTERM)  # its servers' atexit hooks and PDEATHSIG clean up
 
-    timer = threading.Timer(STEP_TIMEOUT, stop)
+    timer = threading.Timer(step.timeout, stop)
     timer.start()
     try:
         for line in proc.stdout:
@@ -198,7 +217,7 @@ def run_step(step: Step, quick: bool, env: dict[str, str], emit: Callable[[str],
     finally:
         timer.cancel()
     if timed_out.is_set():
-        print(f"!! {step.name} ran longer than {STEP_TIMEOUT}s and was stopped", flush=True)
+        print(f"!! {step.name} ran longer than {step.timeout}s and was stopped", flush=True)
     elif proc.returncode:
         print(f"!! {step.name} exited with {proc.returncode}", flush=True)
     return proc.returncode == 0 and not timed_out.is_set(), time.monotonic() - start
@@ -247,11 +266,13 @@ def main() -> int:
                 failed.append(step.name)
 
     verdicts = evaluate(parse(figures))
+    regressions = [v for v in verdicts if v.startswith(tuple(f"target={g} " for g in GATES)) and "met=no" in v]
     total = time.monotonic() - started
     footer = [
         "steps " + " ".join(durations) + f" total={total:.0f}s load_at_end={load()}"
         + (" quick=yes" if args.quick else ""),
         *(f"failed step={name}" for name in failed),
+        *(f"regression {line}" for line in regressions),
     ]
     print("\n== targets")
     for line in verdicts:
@@ -260,7 +281,10 @@ def main() -> int:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text("\n".join([*lines, *figures, *verdicts, *footer]) + "\n")
     print(f"\nwritten: {RESULTS.relative_to(ROOT)} ({len(TARGETS)} targets, {len(figures)} figures)")
-    return 1 if failed else 0
+    if regressions:
+        print(f"\n{len(regressions)} figure(s) regressed more than 10 % against the stored baseline (see above);"
+              " bench/README.md says how to refresh the baseline once a slowdown is meant")
+    return 1 if failed or regressions else 0
 
 
 if __name__ == "__main__":
