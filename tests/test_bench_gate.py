@@ -1,0 +1,80 @@
+"""make bench's regression gate (bench/regression.py, bench/targets.py): the judging, and the
+baseline tree measured beside the working tree in fresh processes, in turns."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import regression
+from bench.targets import GATES, evaluate, parse
+
+
+def test_a_full_regression_over_ten_percent_is_a_gate_miss_and_a_quick_one_is_not_judged():
+    lines = [
+        "figure=regression check=cycle_postgres key=median_ms baseline=10 now=11.2 ratio=1.120 pairs=3 mode=full",
+        "figure=regression check=cycle_postgres key=cpu_median_ms baseline=5 now=5.4 ratio=1.080 pairs=3 mode=full",
+        "figure=regression check=cycle_sqlite_wal key=median_ms baseline=5 now=9 ratio=1.800 pairs=1 mode=quick",
+    ]
+    verdicts = [v for v in evaluate(parse(lines)) if v.startswith("target=no_regression ")]
+    assert GATES == ("no_regression",)
+    assert len(verdicts) == 2  # the quick figure is a smoke test: judged by nothing
+    assert "key=median_ms" in verdicts[0] and verdicts[0].endswith("met=no")
+    assert "key=cpu_median_ms" in verdicts[1] and verdicts[1].endswith("met=yes")
+
+
+def tree_with_probe(root: Path, value: float) -> Path:
+    root.mkdir()
+    (root / "probe_bench.py").write_text(
+        "import os, sys\n"
+        "with open(os.environ['PROBE_LOG'], 'a') as log:\n"
+        "    log.write(os.path.basename(os.getcwd()) + '\\n')\n"
+        f"print('figure=probe side=x other=1 value={value}')\n"
+    )
+    return root
+
+
+def test_baseline_and_working_tree_take_turns_in_fresh_processes_and_are_compared(tmp_path, monkeypatch):
+    base = tree_with_probe(tmp_path / "base", 4.0)
+    now = tree_with_probe(tmp_path / "now", 5.0)
+    log = tmp_path / "order.log"
+    monkeypatch.setenv("PROBE_LOG", str(log))
+    monkeypatch.setattr(regression, "ROOT", now)
+    check = regression.Check("probe", ("probe_bench",), (), "probe", ("value",), {"side": "x"})
+
+    before, after = regression.interleaved(check, base, pairs=2, quick=False)
+
+    assert log.read_text().split() == ["base", "now", "now", "base"]  # ABBA: drift falls on both
+    assert before == [{"value": 4.0}, {"value": 4.0}] and after == [{"value": 5.0}, {"value": 5.0}]
+    baseline, current, ratio = regression.ratios(check, before, after)["value"]
+    assert (baseline, current) == (4.0, 5.0) and ratio == pytest.approx(1.25)
+
+
+def test_a_figure_missing_from_the_output_is_an_error_not_a_pass(tmp_path, monkeypatch):
+    base = tree_with_probe(tmp_path / "base", 4.0)
+    monkeypatch.setenv("PROBE_LOG", str(tmp_path / "order.log"))
+    check = regression.Check("probe", ("probe_bench",), (), "probe", ("value",), {"side": "y"})
+    with pytest.raises(RuntimeError, match="no figure=probe"):
+        regression.measure(check, base, quick=False)
+
+
+def test_an_unknown_baseline_revision_names_the_refresh(tmp_path):
+    with pytest.raises(SystemExit, match="--refresh"):
+        regression.export_tree("0" * 40, tmp_path)
+
+
+def test_the_stored_baselines_name_revisions_of_this_repository():
+    baselines = regression.load_baselines()
+    shallow = subprocess.run(
+        ["git", "rev-parse", "--is-shallow-repository"], cwd=regression.ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    for klass, entry in baselines["classes"].items():
+        assert len(entry["revision"]) == 40, klass
+        assert set(entry["figures"]) == {c.name for c in regression.CHECKS}, klass
+        if shallow == "false":  # a shallow clone may not hold it (the gate then says so)
+            found = subprocess.run(
+                ["git", "cat-file", "-e", f"{entry['revision']}^{{commit}}"], cwd=regression.ROOT, check=False
+            )
+            assert found.returncode == 0, f"{klass}: {entry['revision']} is not a commit here"
