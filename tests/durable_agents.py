@@ -250,3 +250,15 @@ class Keyless(Agent):
     """The project's model (``NEXO["MODEL"]``): a test points it at a loopback provider."""
 
     sandbox = "virtual"
+
+
+class Filler(Agent):
+    """Scripted: one confined shell command that writes 3 MB into the workspace, then an answer
+    (which a run over its quota must never reach)."""
+
+    model = ScriptedModel([
+        tool_call("shell", command="head -c 3000000 /dev/zero > big; echo wrote"),
+        reply("Filled."),
+    ])  # fmt: skip
+    sandbox = "local"
+    permissions = "auto"

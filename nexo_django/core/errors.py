@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AlreadyDecided", "ApprovalExpired", "ApprovalRefused", "ApprovalRequired", "ConfigurationError", "Denied", "FollowUpRefused", "InvalidAnswer", "InvalidEditedArguments", "LeaseLost", "MaxTurnsExceeded", "ModelError", "NexoError", "NoAnswer", "PendingCall", "SecurityError", "StaleDecision", "StepFailed", "TokenBudgetExceeded", "ToolArgumentError", "TransitionError", "WorkflowChanged", "WorkflowError"]
+__all__ = ["AlreadyDecided", "ApprovalExpired", "ApprovalRefused", "ApprovalRequired", "ConfigurationError", "Denied", "FollowUpRefused", "InvalidAnswer", "InvalidEditedArguments", "LeaseLost", "MaxTurnsExceeded", "ModelError", "NexoError", "NoAnswer", "PendingCall", "SecurityError", "StaleDecision", "StepFailed", "TokenBudgetExceeded", "ToolArgumentError", "TransitionError", "WorkflowChanged", "WorkflowError", "WorkspaceOverQuota"]
 
 
 class NexoError(Exception):
@@ -25,6 +25,15 @@ class SecurityError(NexoError):
 
     It fails the call loudly instead of being returned to the model as an ordinary error.
     """
+
+
+class WorkspaceOverQuota(SecurityError):
+    """A confined shell command left the workspace over ``NEXO["LIMITS"]``'s quota: the call ran
+    (``result`` keeps its output) and the run fails with the reason, before any other call."""
+
+    def __init__(self, message: str, *, result: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class Denied(NexoError):

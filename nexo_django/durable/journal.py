@@ -521,8 +521,11 @@ class DbJournal(Journal):
     def call_failed(self, call: dict[str, Any], tool: Tool, exc: BaseException) -> None:
         row = self.calls.get(call["id"])
         if row is not None:
+            # What the call left, if the error carries it (a shell command over the quota ran).
+            kept = getattr(exc, "result", None)
+            result = {**kept, "error": str(exc)} if isinstance(kept, dict) else {"error": str(exc)}
             sql.update(ToolCall, {"id": row.pk}, {
-                "status": CallStatus.FAILED, "result": {"error": str(exc)}, "updated_at": timezone.now(),
+                "status": CallStatus.FAILED, "result": result, "updated_at": timezone.now(),
             })
 
     def suspend(self, pending: list[PendingCall]) -> None:

@@ -8,7 +8,8 @@ through ``setpriv``, which drops to the shell's unprivileged host user — and t
 ``prlimit`` before the command itself starts. Its exit code is taken from the status pipe, which
 bubblewrap writes only when the command was really executed: anything else is a setup failure,
 reported as an error that names bubblewrap, and nothing ran. After it, the survey runs again
-(set-id bits, a bare repository at the root, the quota) and what it finds fails the call.
+(set-id bits, a bare repository at the root, the quota) and what it finds fails the call (over the
+quota, the result says so in ``"over_quota"``, and the shell tool fails the run).
 """
 
 from __future__ import annotations
@@ -167,14 +168,16 @@ def _after(result: dict[str, Any], root: str, root_fd: int, protected: Sequence[
         neutralised = neutralise_bare_root(root_fd)
         if neutralised is not None:
             problems.append(neutralised)
-    _survey, found = check_after(root, root_fd, protected, Quota(policy.workspace_bytes, policy.workspace_entries))
+    found, over_quota = check_after(root, root_fd, protected, Quota(policy.workspace_bytes, policy.workspace_entries))
     problems += found
     if not problems:
         return result
     message = "shell: the command left the workspace unsafe or over its limits: " + "; ".join(problems)
     if "error" in result:
         message = f"{result['error']}; also, {message[len('shell: '):]}"
-    return {**result, "error": message + " (the next call refuses to run until this is fixed)"}
+    failed = {**result, "error": message + " (the next call refuses to run until this is fixed)"}
+    # Over the quota, the shell tool fails the run (WorkspaceOverQuota), not only the call.
+    return {**failed, "over_quota": over_quota} if over_quota else failed
 
 
 def run_confined(

@@ -250,16 +250,18 @@ def survey(root: str, root_fd: int, patterns: Sequence[str], quota: Quota, *, bi
     return walker.survey
 
 
-def check_after(root: str, root_fd: int, patterns: Sequence[str], quota: Quota) -> tuple[Survey, list[str]]:
+def check_after(root: str, root_fd: int, patterns: Sequence[str], quota: Quota) -> tuple[list[str], str | None]:
     """After a call: set-id bits dropped and the quota checked, as far as the tree can be walked;
-    the problems found (each makes the next call refuse)."""
+    the problems found (each makes the next call refuse), and the quota's, if it is over."""
     walker = _Walker(root, patterns, quota, bind=False, owner=None, strict=False)
-    problems = walker.problems
     try:
         walker.walk(root_fd, "", 0, False)
     except _Stop:
-        problems.append(f"the workspace is over its quota: {quota.over(walker.survey)}")
-    return walker.survey, problems
+        over = f"the workspace is over its quota: {quota.over(walker.survey)}"
+        return [*walker.problems, over], over
+    finally:
+        walker.survey.close()
+    return walker.problems, None
 
 
 def _hand_over_root(root_fd: int, owner: tuple[int, int]) -> None:

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import WorkspaceOverQuota
 from .base import Tool, ToolContext
 
 
 def _shell(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    return ctx.sandbox.shell(
+    result = ctx.sandbox.shell(
         args["command"], timeout=ctx.limits.shell_timeout, max_output=ctx.limits.shell_max_output
     )
+    if result.get("over_quota"):
+        # The command ran and left the workspace over NEXO["LIMITS"]: the run fails here, with the
+        # reason and the output kept on the call, before the model can ask for anything else.
+        kept = {key: value for key, value in result.items() if key != "over_quota"}
+        raise WorkspaceOverQuota(f"shell: {result['over_quota']}; the run is stopped", result=kept)
+    return result
 
 
 SHELL = Tool(
