@@ -1,7 +1,7 @@
 """The person's side of workflows: the questions of the approval inbox, answered with a form built
 from each question's JSON Schema, and a workflow run's steps on its admin page.
 
-Answers go through :func:`nexo_django.durable.workflow_runs.answer` only (the decide permission,
+Answers go through :func:`nexo_django.durable.workflow_questions.answer` only (the decide permission,
 four eyes, the schema, once); posted with CSRF, checked in the view.
 """
 
@@ -31,7 +31,7 @@ from django.views.decorators.clickjacking import xframe_options_deny
 from ..bounded import bounded_json, bounded_text
 from ..core.errors import AlreadyDecided, InvalidAnswer, WorkflowError
 from ..display import mark_hidden
-from ..durable import workflow_runs
+from ..durable import workflow_questions, workflow_runs
 from ..models import AgentRun, OpenQuestion, RunKind, StepKind, StepStatus, WorkflowStep
 from . import audit
 from .base import NexoModelAdmin
@@ -149,7 +149,7 @@ def answer_view(model_admin: OpenQuestionAdmin, request: HttpRequest, object_id:
     form = model_admin.get_answer_form(request, step, request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         try:
-            workflow_runs.answer(step.run, step.name, form.cleaned_data["answer"], by=request.user)
+            workflow_questions.answer(step.run, step.name, form.cleaned_data["answer"], by=request.user)
         except (InvalidAnswer, WorkflowError) as exc:
             form.add_error("answer", str(exc))
         except AlreadyDecided as exc:
@@ -208,7 +208,7 @@ def workflow_context(model_admin: Any, run: AgentRun) -> dict[str, Any]:
 
 
 def open_questions_count() -> int:
-    return workflow_runs.open_questions().count()
+    return workflow_questions.open_questions().count()
 
 
 def announce_questions(model_admin: Any, request: HttpRequest) -> None:

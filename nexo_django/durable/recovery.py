@@ -27,7 +27,7 @@ from ..models import (
     ToolCall,
     WorkflowStep,
 )
-from . import dispatch, outbox, parents, question_notices, workflow_runs
+from . import dispatch, outbox, parents, question_notices, workflow_questions, workflow_runs
 from .expiry import expire_overdue
 from .queue_health import queue_warning
 from .runs import transition, wake
@@ -88,7 +88,7 @@ def reconcile(
     for run in expired:
         _recover_expired(run, now, report)
     # Calls past their deadline are expired (a decision each: their runs wake as decisions do).
-    report.expired = expire_overdue(now) + workflow_runs.expire_questions(now)
+    report.expired = expire_overdue(now) + workflow_questions.expire_questions(now)
     # The outbox: reminders due, then every notice whose time has come (a receiver was down, the
     # job was lost with Redis, a worker died mid-send): emails to the approvers included.
     outbox.remind(now)

@@ -84,7 +84,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 AGENT_OPTIONS = ("cwd", "permissions", "sandbox", "model")
 #: where a workflow run's pass is driven (named, as the queue names its jobs: no import circle)
 WORKFLOW_FUNC = "nexo_django.durable.workflow_runs.execute_workflow"
-WORKFLOW_CANCELLED = "nexo_django.durable.workflow_runs.expire_open_questions"
+WORKFLOW_CANCELLED = "nexo_django.durable.workflow_questions.expire_open_questions"
 ACTIVE_OR_WAITING = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.NEEDS_ATTENTION)
 #: The key of ``AgentRun.options`` that pins a local workspace (see :func:`check_workspace`).
 WORKSPACE_PIN = "_workspace"

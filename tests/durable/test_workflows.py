@@ -16,7 +16,8 @@ from django.utils import timezone
 
 from nexo_django import Workflow
 from nexo_django.durable.recovery import reconcile
-from nexo_django.durable.workflow_runs import WorkflowRun, open_questions
+from nexo_django.durable.workflow_questions import open_questions
+from nexo_django.durable.workflow_runs import WorkflowRun
 from nexo_django.errors import AlreadyDecided, InvalidAnswer, WorkflowError
 from nexo_django.models import AgentRun, CallStatus, RunStatus, StepStatus, WorkflowStep
 from tests.admin.support import make_user
