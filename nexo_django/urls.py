@@ -1,7 +1,8 @@
 """Optional pages for runs: ``path("runs/", include("nexo_django.urls"))``.
 
 Names (namespace ``nexo_django``): ``run_list``, ``run_detail``, ``run_status``, ``run_events``,
-``run_stream`` (Server-Sent Events, under ASGI) and ``call_decide`` (JSON, session auth; deciding is a POST with the CSRF token).
+``run_stream`` (Server-Sent Events, under ASGI), ``call_decide`` and ``question_answer`` (JSON, session
+auth; deciding and answering are POSTs with the CSRF token).
 """
 
 from __future__ import annotations
@@ -19,4 +20,5 @@ urlpatterns = [
     path("<uuid:pk>/events/", views.RunEventsView.as_view(), name="run_events"),
     path("<uuid:pk>/stream/", views.RunStreamView.as_view(), name="run_stream"),
     path("<uuid:pk>/calls/<int:call_pk>/decide/", views.CallDecisionView.as_view(), name="call_decide"),
+    path("<uuid:pk>/questions/<str:key>/answer/", views.QuestionAnswerView.as_view(), name="question_answer"),
 ]

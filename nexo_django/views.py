@@ -47,11 +47,13 @@ from .core.errors import (
     ApprovalExpired,
     ApprovalRefused,
     FollowUpRefused,
+    InvalidAnswer,
     InvalidEditedArguments,
     StaleDecision,
+    WorkflowError,
 )
 from .display import is_hidden
-from .durable import live, outcomes, runs, workflow_runs
+from .durable import live, outcomes, runs, workflow_questions, workflow_runs
 from .durable.queue_health import queue_warning
 from .jsonbody import BadJSON, request_json
 from .models import (
@@ -513,6 +515,42 @@ class CallDecisionView(View):
             return JsonResponse({"error": str(exc) or "you may not decide this call"}, status=403)
         run.refresh_from_db()
         return JsonResponse({"verdict": decision.verdict, "digest": decision.digest, "stop": decision.stop,
+                             "run_status": run.status})
+
+
+class QuestionAnswerView(View):
+    """JSON: answer one open question of a workflow run. POST only, with the session's CSRF token,
+    by a user holding ``nexo_django.decide_toolcall`` (and, with ``NEXO["SELF_APPROVAL"]`` off,
+    not the run's starter), as the admin's form. The body is ``{"answer": <any JSON>}``; the
+    answer is checked against the question's schema (a 400 with the reason, nothing recorded). A
+    question answered meanwhile or expired is a 409 that says why and by whom."""
+
+    http_method_names = ["post"]
+
+    def post(self, request: HttpRequest, pk: Any, key: str) -> JsonResponse:
+        run = visible_runs(request.user).filter(pk=pk).first()
+        if run is None:
+            return JsonResponse({"error": "no such run"}, status=404)
+        if not request.user.has_perm("nexo_django.decide_toolcall"):
+            return JsonResponse({"error": "answering needs the permission nexo_django.decide_toolcall"}, status=403)
+        try:
+            body = request_json(request, empty={})
+        except BadJSON as exc:
+            return JsonResponse({"error": f'{exc}; send {{"answer": ...}}'}, status=400)
+        if not isinstance(body, dict) or set(body) != {"answer"}:
+            return JsonResponse({"error": 'send {"answer": ...}: the answer, as JSON, and nothing else'}, status=400)
+        try:
+            step = workflow_questions.answer(run, key, body["answer"], by=request.user)
+        except WorkflowError as exc:
+            return JsonResponse({"error": str(exc)}, status=404)
+        except AlreadyDecided as exc:  # ApprovalExpired too: answered meanwhile, or no longer answerable
+            return JsonResponse({"error": str(exc), "expired": isinstance(exc, ApprovalExpired)}, status=409)
+        except InvalidAnswer as exc:
+            return JsonResponse({"error": str(exc)}, status=400)
+        except PermissionDenied as exc:
+            return JsonResponse({"error": str(exc) or "you may not answer this question"}, status=403)
+        run.refresh_from_db()
+        return JsonResponse({"key": step.name, "status": step.status, "answered_by": str(request.user),
                              "run_status": run.status})
 
 
