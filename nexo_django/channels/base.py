@@ -33,7 +33,15 @@ from ..conf import nexo_settings
 from ..core.tools import netguard
 from ..durable import runs
 from ..durable.outbox import Refused
-from ..models import DECISION_SOURCES, AgentRun, ChannelRequest, Decision, Notice, ToolCall
+from ..models import (
+    DECISION_SOURCES,
+    AgentRun,
+    ChannelRequest,
+    Decision,
+    Notice,
+    ToolCall,
+    WorkflowStep,
+)
 
 __all__ = ["Channel", "Refused"]
 
@@ -135,6 +143,20 @@ def subject(notice: Notice) -> tuple[AgentRun | None, ToolCall | None]:
     if run is not None and notice.tool_call_id:
         call = ToolCall.objects.filter(run_id=run.pk, tool_call_id=notice.tool_call_id).select_related("decision").first()
     return run, call
+
+
+def question_of(notice: Notice) -> WorkflowStep | None:
+    """The workflow question a ``question.*`` notice is about (None for other notices)."""
+    pk = (notice.payload or {}).get("step") if notice.kind.startswith("question.") else None
+    if not isinstance(pk, int):
+        return None
+    return WorkflowStep.objects.filter(pk=pk, run_id=notice.run_id).select_related("answered_by").first()
+
+
+def question_urls(step: WorkflowStep) -> dict[str, str | None]:
+    """Where a person answers ``step``: its admin page, and the JSON endpoint a front end posts to."""
+    return {"admin_url": absolute("admin:nexo_django_openquestion_change", step.pk),
+            "answer_url": absolute("nexo_django:question_answer", step.run_id, step.name)}
 
 
 def site_url() -> str:

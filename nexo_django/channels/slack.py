@@ -9,7 +9,9 @@ Sending (the outbox): ``chat.postMessage`` for a request (the call's target, a b
 arguments as plain text, the deadline, links to the run and the decision page, two buttons whose
 value binds the call's id and digest), a threaded reply for a reminder, and ``chat.update`` of that
 message when the call is decided or expires and when its run ends (who decided what, through
-which channel, and the outcome once the call ran). Slack's ``ok``/``error`` and a 429's
+which channel, and the outcome once the call ran). A workflow's question (``question.asked``) is
+a message of its own with the question and a link to answer it in the admin (no buttons: an answer
+has a schema), updated when it is answered or expires. Slack's ``ok``/``error`` and a 429's
 ``Retry-After`` are honoured. Web API calls go over httpx with the fetch guard's connect-time
 rules (``BASE_URL`` must resolve to public addresses unless its host is in ``ALLOW_PRIVATE``).
 
@@ -36,10 +38,19 @@ from django.utils.module_loading import import_string
 
 from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, NexoError, StaleDecision
 from ..display import mark_hidden
-from ..durable.outbox import DeliveryFailed, NothingToSay
+from ..durable.outbox import DeliveryFailed, NothingToSay, notice_key
 from ..jsonbody import read_json
-from ..models import AgentRun, CallStatus, Notice, NoticeStatus, RunStatus, ToolCall
-from .base import Channel, Refused, admin_url, run_urls, subject
+from ..models import (
+    AgentRun,
+    CallStatus,
+    Notice,
+    NoticeStatus,
+    RunStatus,
+    StepStatus,
+    ToolCall,
+    WorkflowStep,
+)
+from .base import Channel, Refused, admin_url, question_of, question_urls, run_urls, subject
 from .signing import SignatureError, verify_slack
 
 log = logging.getLogger("nexo_django.channels.slack")
@@ -179,6 +190,8 @@ class SlackChannel(Channel):
         run, call = subject(notice)
         if run is None:
             raise NothingToSay("the run no longer exists")
+        if notice.kind.startswith("question."):
+            return self._question(notice, run)
         if notice.kind == "approval.requested":
             if call is None or call.status != CallStatus.PENDING_APPROVAL:
                 raise NothingToSay("the call was settled before it was announced")
@@ -206,6 +219,52 @@ class SlackChannel(Channel):
             if found is not None:
                 updated.append(self.update(found, run, request.receipt or {}))
         return {"updated": updated}
+
+    # --- a workflow's questions: announced with a link to answer them, then updated --------
+
+    def question_blocks(self, step: WorkflowStep, run: AgentRun) -> tuple[str, list[dict[str, Any]]]:
+        """The message of a workflow's question as it stands: its fallback text and its blocks.
+        Answered in the admin (or the JSON endpoint): Slack has no form for a schema."""
+        workflow = run.agent.rsplit(".", 1)[-1]
+        summary = plain(f"{workflow} asks: {step.name}", 150)
+        urls = question_urls(step)
+        links = [f"<{u}|{label}>" for u, label in ((urls["admin_url"], "Answer it"), (run_urls(run)["page_url"], "Run"))
+                 if u and u.startswith(("http://", "https://"))]
+        blocks: list[dict[str, Any]] = [
+            {"type": "header", "text": {"type": "plain_text", "text": summary, "emoji": False}},
+            {"type": "section", "text": {"type": "plain_text", "emoji": False, "text": plain(step.question, 2900)}},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(
+                [f"Deadline: {_when(step.expires_at)}", f"Run {str(run.pk)[:8]}", *links])}]},
+        ]
+        if step.status == StepStatus.ANSWERED:
+            answer = json.dumps(step.result, ensure_ascii=False, default=str)
+            state = f"Answered by {step.answered_by or 'someone'} at {_when(step.answered_at)}: {answer}"
+        elif step.status == StepStatus.EXPIRED:
+            state = f"Not answered: it ended at {_when(step.answered_at or step.expires_at)} (expired, or the run was cancelled)."
+        else:
+            return summary, blocks
+        blocks.append({"type": "section", "text": {"type": "plain_text", "text": plain(state, 2900), "emoji": False}})
+        return f"{summary} — {plain(state, 300)}", blocks
+
+    def _question(self, notice: Notice, run: AgentRun) -> dict[str, Any]:
+        step = question_of(notice)
+        if step is None:
+            raise NothingToSay("the question no longer exists")
+        if notice.kind == "question.asked":
+            if step.status != StepStatus.WAITING:
+                raise NothingToSay("the question was answered or ended before it was announced")
+            text, blocks = self.question_blocks(step, run)
+            data = self.api("chat.postMessage", channel=self.options["CHANNEL"], text=text, blocks=blocks)
+            return {"channel": data.get("channel"), "ts": data.get("ts")}
+        asked = Notice.objects.filter(key=notice_key(self.name, "question.asked", run.pk, step.name)).first()
+        if asked is not None and asked.status == NoticeStatus.PENDING:
+            raise DeliveryFailed("the question's message is not posted yet", retry_after=2)
+        if asked is None or asked.status != NoticeStatus.DELIVERED or not asked.receipt:
+            raise NothingToSay("no message of this channel to update")
+        text, blocks = self.question_blocks(step, run)
+        where = asked.receipt
+        data = self.api("chat.update", channel=where["channel"], ts=where["ts"], text=text, blocks=blocks)
+        return {"updated": [{"channel": data.get("channel", where["channel"]), "ts": data.get("ts", where["ts"])}]}
 
     # --- receive -------------------------------------------------------------------------
 

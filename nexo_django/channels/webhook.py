@@ -7,10 +7,14 @@
      "run": {"id", "agent", "status", "admin_url", "page_url"},
      "call": {"id", "tool_call_id", "name", "capability", "digest", "status", "expires_at",
               "admin_url"[, "args"]},
-     "decision": {"verdict", "source", "decided_by", "channel_user", "decided_at", "note"}}
+     "decision": {"verdict", "source", "decided_by", "channel_user", "decided_at", "note"},
+     "question": {...}}
 
 ``call`` is there for the ``approval.*`` types, ``decision`` once there is one; the arguments only
-with ``INCLUDE_ARGS``. Headers: ``X-Nexo-Signature: t=<unix>,v1=<HMAC-SHA256(SECRET, t + "." +
+with ``INCLUDE_ARGS``. The ``question.*`` types (a workflow's question asked, answered, expired)
+carry ``"question": {"key", "question", "schema", "status", "expires_at", "answered_by",
+"answered_at", "admin_url", "answer_url"}`` instead (``answer_url``: the JSON endpoint that takes
+``{"answer": ...}``). Headers: ``X-Nexo-Signature: t=<unix>,v1=<HMAC-SHA256(SECRET, t + "." +
 body)>`` (:func:`nexo_django.channels.signing.verify_signature` checks it), ``Idempotency-Key`` and
 ``X-Nexo-Event`` (the type). A 2xx answer delivers it; anything else is tried again (``Retry-After``
 honoured), with the same key.
@@ -35,8 +39,8 @@ from django.utils.module_loading import import_string
 from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, StaleDecision
 from ..durable.outbox import DeliveryFailed, Refused
 from ..jsonbody import read_json
-from ..models import AgentRun, Notice, ToolCall
-from .base import Channel, admin_url, run_urls, subject
+from ..models import AgentRun, Notice, ToolCall, WorkflowStep
+from .base import Channel, admin_url, question_of, question_urls, run_urls, subject
 from .signing import SignatureError, sign, verify_signature
 
 
@@ -66,10 +70,23 @@ def describe_decision(call: ToolCall) -> dict[str, Any] | None:
             "channel_user": decision.channel_user, "decided_at": decision.decided_at.isoformat(), "note": decision.note}
 
 
+def describe_question(step: WorkflowStep) -> dict[str, Any]:
+    return {
+        "key": step.name, "question": step.question, "schema": step.schema, "status": step.status,
+        "expires_at": step.expires_at.isoformat() if step.expires_at else None,
+        "answered_by": str(step.answered_by) if step.answered_by_id else None,
+        "answered_at": step.answered_at.isoformat() if step.answered_at and step.status == "answered" else None,
+        **question_urls(step),
+    }
+
+
 def event(notice: Notice, run: AgentRun | None, call: ToolCall | None, *, args: bool) -> dict[str, Any]:
     body: dict[str, Any] = {"type": notice.kind, "id": notice.key, "created": notice.created_at.isoformat()}
     if run is not None:
         body["run"] = {"id": str(run.pk), "agent": run.agent, "status": run.status, **run_urls(run)}
+    step = question_of(notice)
+    if step is not None:
+        body["question"] = describe_question(step)
     if call is not None:
         body["call"] = describe_call(call, args=args)
         decision = describe_decision(call)

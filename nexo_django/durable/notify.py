@@ -31,12 +31,10 @@ from django.core import mail
 from django.core.mail import EmailMultiAlternatives
 from django.db.models import Q
 from django.urls import reverse
-from django.utils import timezone
 
 from ..conf import nexo_settings
 from ..display import mark_hidden
-from ..models import AgentRun, CallStatus, ToolCall
-from .outbox import NothingToSay
+from ..models import AgentRun, ToolCall
 
 log = logging.getLogger("nexo_django.notify")
 
@@ -144,9 +142,15 @@ def mail_connection() -> Any:
 def send_emails(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> int:
     """Email the notice (or reminder) of ``calls`` of ``run`` to every approver; how many went.
     Raises what the mail server raised when nobody got it."""
+    subject, text, body = message_parts(run, calls, reminder=reminder)
+    return mail_approvers(run, subject, text, body, "reminder" if reminder else "notice")
+
+
+def mail_approvers(run: AgentRun, subject: str, text: str, body: str, what: str) -> int:
+    """Email ``subject`` (``text``, with ``body`` as its HTML) to every approver of ``run``; how
+    many went. Raises what the mail server raised when nobody got it."""
     recipients = approvers(run)
     email_field = type(recipients[0]).get_email_field_name() if recipients else ""
-    subject, text, body = message_parts(run, calls, reminder=reminder)
     sent = 0
     try:
         with mail_connection() as connection:
@@ -157,28 +161,5 @@ def send_emails(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> int:
     except Exception:
         if not sent:
             raise
-        log.exception("notify: the %s of run %s reached %d approver(s), then the mail server failed",
-                      "reminder" if reminder else "notice", run.pk, sent)
+        log.exception("notify: the %s of run %s reached %d approver(s), then the mail server failed", what, run.pk, sent)
     return sent
-
-
-class EmailNotices:
-    """The outbox's ``email`` channel: what :mod:`nexo_django.durable.outbox` calls to deliver a
-    notice of ``NOTIFY["EMAIL"]``."""
-
-    def __init__(self, name: str, options: dict[str, Any]) -> None:
-        self.name = name
-        self.options = options
-
-    def send(self, notice: Any) -> dict[str, Any]:
-        reminder = notice.kind == "approval.reminder"
-        ids = (notice.payload or {}).get("calls") or [notice.tool_call_id]
-        calls = list(ToolCall.objects.filter(run_id=notice.run_id, tool_call_id__in=ids,
-                                             status=CallStatus.PENDING_APPROVAL).select_related("run")
-                     .order_by("created_at", "id"))
-        if not calls:
-            raise NothingToSay("no call of it waits for a decision any more")
-        sent = send_emails(calls[0].run, calls, reminder=reminder)
-        field = "reminded_at" if reminder else "notified_at"
-        ToolCall.objects.filter(pk__in=[c.pk for c in calls], **{field: None}).update(**{field: timezone.now()})
-        return {"sent": sent}

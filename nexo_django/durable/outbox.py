@@ -4,7 +4,8 @@ written in the transaction of the change that causes it, then delivered, with re
 Written by: the suspending commit of a run (``approval.requested``, one per waiting call and
 channel: :func:`on_close`, a step of the journal's batch), a decision's batch
 (``approval.decided`` / ``approval.expired``: :func:`on_decided`), the closing commit of a run that
-ends (``run.done`` / ``run.failed``), a cancel's (``run.cancelled``), and the reconciler (``approval.reminder``). So a notice exists
+ends (``run.done`` / ``run.failed``), a cancel's (``run.cancelled``), a workflow's question asked, answered
+or expired (``question.*``: :func:`on_question`), and the reconciler (``approval.reminder``). So a notice exists
 if and only if its change committed: none is lost when Redis, the worker or the receiver is down.
 
 Delivered by: a job sent at commit (:func:`wake`: an rq job, or inline at commit on an inline
@@ -44,7 +45,7 @@ log = logging.getLogger("nexo_django.outbox")
 
 #: every kind of notice, in the order of a call's life
 KINDS = ("approval.requested", "approval.reminder", "approval.decided", "approval.expired", "run.done", "run.failed",
-         "run.cancelled")
+         "run.cancelled", "question.asked", "question.answered", "question.expired")
 #: the channels the app ships, by their short name in ``BACKEND``
 BACKENDS = {
     "slack": "nexo_django.channels.slack.SlackChannel",
@@ -52,7 +53,7 @@ BACKENDS = {
 }
 #: the channel of NOTIFY["EMAIL"] (a name no configured channel may take)
 EMAIL = "email"
-EMAIL_BACKEND = "nexo_django.durable.notify.EmailNotices"
+EMAIL_BACKEND = "nexo_django.durable.email_channel.EmailNotices"
 #: options every channel takes, and their defaults
 COMMON: dict[str, Any] = {"BACKEND": None, "EVENTS": list(KINDS), "MAX_ATTEMPTS": 12, "BACKOFF": 5, "REMIND_AFTER": None}
 #: how long one delivery may take before another process may claim the notice again
@@ -95,7 +96,8 @@ def configured() -> dict[str, dict[str, Any]]:
     notify = nexo_settings.NOTIFY
     if isinstance(notify, dict) and notify.get("EMAIL"):
         # The approvers' emails (durable/notify.py): one per suspension, listing its calls.
-        found[EMAIL] = {**COMMON, "BACKEND": EMAIL_BACKEND, "EVENTS": ["approval.requested", "approval.reminder"],
+        found[EMAIL] = {**COMMON, "BACKEND": EMAIL_BACKEND, "EVENTS": ["approval.requested", "approval.reminder",
+                                                                      "question.asked"],
                         "GROUPED": True, "REMIND_AFTER": notify.get("REMIND_AFTER")}
     return found
 
@@ -171,14 +173,25 @@ def on_close(batch: Any, run: AgentRun, status: str, pending: Sequence[ToolCall]
     if status == "suspended":
         found = rows("approval.requested", run.pk, [c.tool_call_id for c in pending], now)
     elif status in ("done", "failed", "cancelled"):
-        # A failed run may be retried and fail again: each failure is a notice of its own.
-        subject = "" if status == "done" else uuid.uuid4().hex[:12]
-        found = rows(f"run.{status}", run.pk, [], now, subject=subject)
+        found = rows(f"run.{status}", run.pk, [], now, subject=end_subject(status))
     else:
         return []
     if found:
         batch.insert(Notice, COLUMNS, found)
     return [r[2] for r in found]
+
+
+def end_subject(status: str) -> str:
+    """A failed run may be retried and fail again: each failure is a notice of its own."""
+    return "" if status == "done" else uuid.uuid4().hex[:12]
+
+
+def on_ended(run_id: Any, status: str, now: datetime) -> list[str]:
+    """Write the notices of a run's end (``run.done`` / ``run.failed``) inside the transaction
+    that ends it (a workflow's pass), and deliver them once it commits."""
+    keys = write(f"run.{status}", run_id, now, subject=end_subject(status))
+    wake(keys)
+    return keys
 
 
 def on_decided(batch: Any, call: ToolCall, source: str, now: datetime) -> list[str]:
@@ -190,12 +203,24 @@ def on_decided(batch: Any, call: ToolCall, source: str, now: datetime) -> list[s
     return [r[2] for r in found]
 
 
-def write(kind: str, run_id: Any, now: datetime) -> list[str]:
-    """Write a run's notice of ``kind`` now (inside the caller's transaction: with its change)."""
-    found = rows(kind, run_id, [], now)
+def write(kind: str, run_id: Any, now: datetime, *, payload: dict[str, Any] | None = None,
+          subject: str | None = None, once: bool = False) -> list[str]:
+    """Write a run's notice of ``kind`` now (inside the caller's transaction: with its change);
+    ``once``: a notice of the same key written before is kept as it is."""
+    found = rows(kind, run_id, [], now, payload, subject)
     if found:
-        Notice.objects.bulk_create([Notice(**dict(zip(COLUMNS, r, strict=True))) for r in found])
+        Notice.objects.bulk_create([Notice(**dict(zip(COLUMNS, r, strict=True))) for r in found], ignore_conflicts=once)
     return [r[2] for r in found]
+
+
+def on_question(kind: str, step: Any, now: datetime) -> list[str]:
+    """Write the notices of a workflow's question (``question.asked``, ``.answered``,
+    ``.expired``) inside the transaction of that change, and deliver them once it commits."""
+    # Once per question and kind: a workflow asks the same question again in each pass that
+    # reaches it unanswered (woken early), and it was announced the first time.
+    keys = write(kind, step.run_id, now, payload={"step": step.pk, "key": step.name}, subject=step.name, once=True)
+    wake(keys)
+    return keys
 
 
 def remind(now: datetime) -> list[str]:

@@ -27,7 +27,7 @@ from ..models import (
     ToolCall,
     WorkflowStep,
 )
-from . import dispatch, outbox, parents, question_notices, workflow_questions, workflow_runs
+from . import dispatch, outbox, parents, workflow_questions, workflow_runs
 from .expiry import expire_overdue
 from .queue_health import queue_warning
 from .runs import transition, wake
@@ -93,8 +93,6 @@ def reconcile(
     # job was lost with Redis, a worker died mid-send): emails to the approvers included.
     outbox.remind(now)
     _count_deliveries(outbox.deliver_due(now), report)
-    # Workflows' questions are emailed by their own module (not yet through the outbox).
-    report.notified += question_notices.reconcile_notices(now)
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
     _resend_lost_jobs(now - grace, report)
     _wake_forgotten(None if full else now - max(RECENT, 10 * grace), report)

@@ -17,7 +17,7 @@ from .. import storable
 from ..conf import nexo_settings
 from ..core.errors import AlreadyDecided, ApprovalExpired, InvalidAnswer, WorkflowError
 from ..models import AgentRun, OpenQuestion, RunEvent, StepKind, StepStatus, WorkflowStep
-from . import dispatch, parents, runs, sql
+from . import dispatch, outbox, parents, runs, sql
 
 
 def _event(run_id: Any, type: str, **data: Any) -> None:
@@ -81,6 +81,7 @@ def answer(run: AgentRun, key: str, value: Any, *, by: Any) -> WorkflowStep:
         ):
             raise _answered(WorkflowStep.objects.select_related("answered_by").get(pk=step.pk))
         _event(run.pk, "answered", key=key, by=str(user))
+        outbox.on_question("question.answered", step, now)
         parents.wake(run.pk)
     step.status, step.result, step.answered_by, step.answered_at = StepStatus.ANSWERED, value, user, now
     if dispatch.is_inline() and isinstance(run, AgentRun) and not transaction.get_connection().in_atomic_block:
@@ -109,6 +110,7 @@ def expire_questions(now: datetime) -> list[str]:
                 status=StepStatus.EXPIRED, answered_at=now, updated_at=now
             ):
                 _event(step.run_id, "expired", key=step.name)
+                outbox.on_question("question.expired", step, now)
                 parents.wake(step.run_id)
                 expired.append(str(step.run_id))
     return expired

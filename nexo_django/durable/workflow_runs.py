@@ -52,7 +52,7 @@ from ..models import (
     ToolCall,
     WorkflowStep,
 )
-from . import dispatch, parents, question_notices, runs, sql
+from . import dispatch, outbox, parents, runs, sql
 from .deadlines import deadline
 from .journal import Heartbeat, RunInterrupted, crash_point
 from .workflow_questions import _event, answer
@@ -436,13 +436,14 @@ def execute_workflow(run: AgentRun) -> str:
         if not isinstance(exc, (WorkflowError, ConfigurationError, RunInterrupted)):
             log.exception("workflow run %s failed", run.pk)
         message = f"{type(exc).__name__}: {exc}"
-        closed = _close(run, token, RunStatus.FAILED, "failed", {"error": message}, error=message,
-                        finished_at=timezone.now())
+        closed = _close(run, token, RunStatus.FAILED, "failed", {"error": message}, _ended(run, RunStatus.FAILED),
+                        error=message, finished_at=timezone.now())
         if isinstance(exc, RunInterrupted):
             raise
         return "failed" if closed else "lease lost"
     result = json.dumps(value, ensure_ascii=False)
-    if not _close(run, token, RunStatus.DONE, "done", {}, result=result, error="", finished_at=timezone.now()):
+    if not _close(run, token, RunStatus.DONE, "done", {}, _ended(run, RunStatus.DONE), result=result, error="",
+                  finished_at=timezone.now()):
         return "lease lost"
     return "done"
 
@@ -458,21 +459,32 @@ def _workflow_class(run: AgentRun) -> type[Any]:
     return cls
 
 
-def _close(run: AgentRun, token: str, new: str, event: str, data: dict[str, Any], **fields: Any) -> bool:
+def _ended(run: AgentRun, status: str) -> Callable[[], Any]:
+    """The channels' notice of the run's end, in its closing commit (as an agent run's)."""
+    return lambda: outbox.on_ended(run.pk, status, timezone.now())
+
+
+def _close(run: AgentRun, token: str, new: str, event: str, data: dict[str, Any],
+           also: Callable[[], Any] | None = None, **fields: Any) -> bool:
+    """End this pass (``also``: more of that commit, written only if the run was still ours)."""
     with transaction.atomic():
         closed = runs.transition(run, RunStatus.RUNNING, new, Q(lease_owner=token),
                                  lease_owner=None, lease_expires_at=None, **fields)
         if closed:
             _event(run.pk, event, **data)
+            if also is not None:
+                also()
     if closed:
         run.status = new
     return closed
 
 
 def _suspend(run: AgentRun, token: str, step: WorkflowStep) -> str:
-    if not _close(run, token, RunStatus.SUSPENDED, "suspended", {"waiting": step.name, "kind": step.kind}):
+    asked = None
+    if step.kind == StepKind.QUESTION:  # its notices, in this commit (a later pass on it: the same keys, kept)
+        asked = lambda: outbox.on_question("question.asked", step, timezone.now())  # noqa: E731
+    if not _close(run, token, RunStatus.SUSPENDED, "suspended", {"waiting": step.name, "kind": step.kind}, asked):
         return "lease lost"
-    question_notices.on_asked(step, timezone.now())
     # What it waits for may have ended while this pass ran (its waker found the run running):
     # looked at again now that the suspension is committed, so the wake-up is never lost.
     if not still_waiting(step.pk):

@@ -1,5 +1,6 @@
 """Workflows' questions reach the approvers by email once (NEXO["NOTIFY"]), escaped, with the
-link to the question's page; the reconciler sends what was not sent. Locmem mail backend."""
+link to the question's page, through the outbox: a mail server down at the suspension's commit
+leaves the notice to the reconciler. Locmem mail backend; a closed loopback port for the server down."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from django.utils import timezone
 
 from nexo_django import Workflow
 from nexo_django.durable.recovery import reconcile
-from nexo_django.models import WorkflowStep
+from nexo_django.models import Notice, NoticeStatus, WorkflowStep
 from tests.admin.support import SCRIPT, make_user
+from tests.durable.test_notify import socket_closed, use_locmem, use_smtp
 from tests.workflows_for_tests import Ask
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
@@ -51,15 +53,37 @@ def test_a_question_is_emailed_once_to_those_who_may_answer(mailoutbox: list[Any
     assert len(mailoutbox) == 1  # claimed once
 
 
-def test_the_reconciler_sends_a_notice_nobody_sent(mailoutbox: list[Any], counter: Path, settings: Any) -> None:
-    settings.NEXO = {}
-    run = Ask.run({})
+def test_with_the_mail_server_down_the_outbox_keeps_the_notice_and_the_reconciler_sends_it_once(
+    mailoutbox: list[Any], counter: Path, settings: Any
+) -> None:
     approver_with_mail("dora")
-    settings.NEXO = {"NOTIFY": {"EMAIL": True, "SITE_URL": SITE}}
-    assert mailoutbox == []
-    assert reconcile(now=timezone.now() + timedelta(minutes=5)).notified == 1
+    with socket_closed() as port:
+        use_smtp(settings, "127.0.0.1", port)
+        run = Ask.run({})  # the question.asked notice is written in the suspending commit
+    [notice] = Notice.objects.filter(kind="question.asked", run_id=run.pk)
+    assert notice.status == NoticeStatus.PENDING and notice.attempts == 1 and "Connection refused" in notice.last_error
+    use_locmem(settings)
+    assert reconcile(now=timezone.now() + timedelta(minutes=5)).delivered == 1
     assert [m.to for m in mailoutbox] == [["dora@example.com"]]
+    reconcile(now=timezone.now() + timedelta(hours=2))
+    assert len(mailoutbox) == 1
+    notice.refresh_from_db()
+    assert notice.status == NoticeStatus.DELIVERED
     assert WorkflowStep.objects.get(run_id=run.pk, name="channel").notified_at is not None
+
+
+def test_a_question_answered_before_its_email_went_is_not_emailed(mailoutbox: list[Any], counter: Path,
+                                                                   settings: Any) -> None:
+    boss = approver_with_mail("dora")
+    with socket_closed() as port:
+        use_smtp(settings, "127.0.0.1", port)
+        run = Ask.run({})
+    use_locmem(settings)
+    run.answer("channel", "blog", by=boss)
+    reconcile(now=timezone.now() + timedelta(minutes=5))
+    assert mailoutbox == []
+    notice = Notice.objects.get(kind="question.asked", run_id=run.pk)
+    assert notice.status == NoticeStatus.SKIPPED and "answered" in notice.last_error
 
 
 def test_the_question_is_escaped_and_quoted_in_the_email(mailoutbox: list[Any]) -> None:

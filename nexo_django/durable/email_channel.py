@@ -1,0 +1,46 @@
+"""The outbox's built-in ``email`` channel (``NEXO["NOTIFY"]["EMAIL"]``): a notice of calls waiting
+(:mod:`.notify`) or of a workflow's question (:mod:`.question_notices`) becomes emails to the people
+who may decide."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from ..models import CallStatus, StepStatus, ToolCall, WorkflowStep
+from . import notify, question_notices
+from .outbox import NothingToSay
+
+
+class EmailNotices:
+    """What :mod:`nexo_django.durable.outbox` calls to deliver a notice of ``NOTIFY["EMAIL"]``."""
+
+    def __init__(self, name: str, options: dict[str, Any]) -> None:
+        self.name = name
+        self.options = options
+
+    def send(self, notice: Any) -> dict[str, Any]:
+        if notice.kind == "question.asked":
+            return self._question(notice)
+        reminder = notice.kind == "approval.reminder"
+        ids = (notice.payload or {}).get("calls") or [notice.tool_call_id]
+        calls = list(ToolCall.objects.filter(run_id=notice.run_id, tool_call_id__in=ids,
+                                             status=CallStatus.PENDING_APPROVAL).select_related("run")
+                     .order_by("created_at", "id"))
+        if not calls:
+            raise NothingToSay("no call of it waits for a decision any more")
+        sent = notify.send_emails(calls[0].run, calls, reminder=reminder)
+        field = "reminded_at" if reminder else "notified_at"
+        ToolCall.objects.filter(pk__in=[c.pk for c in calls], **{field: None}).update(**{field: timezone.now()})
+        return {"sent": sent}
+
+    def _question(self, notice: Any) -> dict[str, Any]:
+        pk = (notice.payload or {}).get("step")
+        step = (WorkflowStep.objects.filter(pk=pk, status=StepStatus.WAITING).select_related("run").first()
+                if isinstance(pk, int) else None)
+        if step is None:
+            raise NothingToSay("the question was answered or ended before it was emailed")
+        sent = question_notices.send_emails(step)
+        WorkflowStep.objects.filter(pk=step.pk, notified_at=None).update(notified_at=timezone.now())
+        return {"sent": sent}
