@@ -146,6 +146,11 @@ def _check_values() -> list[CheckMessage]:
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             errors.append(Error(f'NEXO["{key}"] must be a positive whole number, not {value!r}.',
                                 hint=f"The default is {DEFAULTS[key]}.", id="nexo_django.E006"))
+    keep = nexo_settings.NOTICES_KEEP_DAYS
+    if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep <= 0):
+        errors.append(Error(f'NEXO["NOTICES_KEEP_DAYS"] must be a positive whole number of days or None, not {keep!r}.',
+                            hint=f"The default is {DEFAULTS['NOTICES_KEEP_DAYS']}; None keeps every notice.",
+                            id="nexo_django.E006"))
     backend = nexo_settings.SEARCH_BACKEND
     if backend is not None:
         try:

@@ -48,6 +48,9 @@ DEFAULTS: dict[str, Any] = {
     # "SIGNING_SECRET": ..., "CHANNEL": "C0123"}, "audit": {"BACKEND": "webhook", "URL": ...,
     # "SECRET": ...}}. Each notice to each of them goes through the outbox (durable/outbox.py).
     "CHANNELS": {},
+    # Days the outbox keeps the delivered and skipped notices of finished runs; the reconciler
+    # deletes older ones (failed notices stay until a person sends them again). None keeps all.
+    "NOTICES_KEEP_DAYS": 30,
 }
 
 

@@ -112,6 +112,8 @@ def test_bad_model_string_is_e004(model: str) -> None:
         ({"LIMITS": {"read_max_byte": 1}}, "nexo_django.E005"),
         ({"LEASE_SECONDS": 0}, "nexo_django.E006"),
         ({"JOB_TIMEOUT": "long"}, "nexo_django.E006"),
+        ({"NOTICES_KEEP_DAYS": 0}, "nexo_django.E006"),
+        ({"NOTICES_KEEP_DAYS": "30"}, "nexo_django.E006"),
         ({"SEARCH_BACKEND": "no.such.module.search"}, "nexo_django.E007"),
         ({"SEARCH_BACKEND": "nexo_django.conf.DEFAULTS"}, "nexo_django.E007"),
         ({"PROVIDERS": {"openia": {}}}, "nexo_django.E008"),

@@ -38,7 +38,7 @@ from django.utils.module_loading import import_string
 
 from ..conf import nexo_settings
 from ..core.errors import ConfigurationError, NexoError
-from ..models import AgentRun, CallStatus, Notice, NoticeStatus, ToolCall
+from ..models import AgentRun, CallStatus, Notice, NoticeStatus, RunStatus, ToolCall
 from . import dispatch
 
 log = logging.getLogger("nexo_django.outbox")
@@ -329,6 +329,27 @@ def deliver_due(now: datetime | None = None, limit: int = ROUND, budget: float =
         for notice in taken:
             found[notice.key] = deliver_one(notice, now)
     return found
+
+
+#: old notices the reconciler deletes at most per round
+PURGE_ROUND = 1000
+#: the statuses of a run whose messages may still be updated
+LIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.SUSPENDED)
+
+
+def purge(now: datetime) -> int:
+    """The reconciler's part: delete the delivered and skipped notices older than
+    ``NEXO["NOTICES_KEEP_DAYS"]`` whose run has finished (a live run's messages may still be
+    updated from their receipts); failed ones stay for a person. How many went."""
+    days = nexo_settings.NOTICES_KEEP_DAYS
+    if days is None:
+        return 0
+    # next_attempt_at: the last claim's time, after the notice was written; the due index covers it.
+    old = (Notice.objects.filter(status__in=(NoticeStatus.DELIVERED, NoticeStatus.SKIPPED),
+                                 next_attempt_at__lt=now - timedelta(days=int(days)))
+           .exclude(run__status__in=LIVE).order_by())
+    ids = list(old.values_list("id", flat=True)[:PURGE_ROUND])
+    return Notice.objects.filter(id__in=ids).delete()[0] if ids else 0
 
 
 def retry(notices: Iterable[Notice]) -> int:

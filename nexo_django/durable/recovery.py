@@ -93,6 +93,7 @@ def reconcile(
     # job was lost with Redis, a worker died mid-send): emails to the approvers included.
     outbox.remind(now)
     _count_deliveries(outbox.deliver_due(now), report)
+    outbox.purge(now)
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
     _resend_lost_jobs(now - grace, report)
     _wake_forgotten(None if full else now - max(RECENT, 10 * grace), report)

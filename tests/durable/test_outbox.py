@@ -156,3 +156,28 @@ def test_one_reminder_then_the_expiry_each_once(settings: Any, tmp_path: Path) -
     assert types.count("approval.reminder") == 1 and types.count("approval.expired") == 1
     expired = receiver.posts[2]
     assert expired["decision"]["source"] == "expiry" and expired["call"]["status"] == "expired"
+
+
+def test_the_reconciler_purges_old_notices_of_finished_runs_only(settings: Any, tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with WebhookReceiver(SECRET) as receiver:
+        settings.NEXO = {**hook(receiver), "APPROVAL_TIMEOUT": None}  # nothing expires meanwhile
+        done = Scribe.run("write", cwd=tmp_path / "a")
+        done.pending_calls().get().approve()  # three notices, delivered; the run is done
+        waiting = Scribe.run("write", cwd=tmp_path / "b")  # one, delivered; the run still waits
+    assert Notice.objects.filter(status=NoticeStatus.DELIVERED).count() == 4
+    failed = Notice.objects.filter(run_id=done.pk, kind="run.done").get()
+    Notice.objects.filter(pk=failed.pk).update(status=NoticeStatus.FAILED)  # a person's to look at
+    later = timezone.now() + timedelta(days=31)
+
+    settings.NEXO = {**hook(receiver), "APPROVAL_TIMEOUT": None, "NOTICES_KEEP_DAYS": None}
+    reconcile(now=later)
+    assert Notice.objects.count() == 4  # None keeps them all
+    settings.NEXO = {**hook(receiver), "APPROVAL_TIMEOUT": None, "NOTICES_KEEP_DAYS": 40}
+    reconcile(now=later)
+    assert Notice.objects.count() == 4  # not old enough
+    settings.NEXO = {**hook(receiver), "APPROVAL_TIMEOUT": None}  # the default: 30 days
+    reconcile(now=later)
+    assert sorted(Notice.objects.values_list("run_id", "status")) == sorted(
+        [(done.pk, NoticeStatus.FAILED), (waiting.pk, NoticeStatus.DELIVERED)])
