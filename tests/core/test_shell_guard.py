@@ -259,6 +259,38 @@ def test_c_a_bare_repository_at_the_root_is_neutralised_and_flagged(who: str, ws
     marker.unlink()
 
 
+def test_c_a_registered_submodule_never_checked_out_gets_no_git_that_the_root_would_run(who: str, ws: Path) -> None:
+    # The root registers `sub` (a gitlink in its index) but it was never checked out: no sub/.git
+    # to protect before the call. git status at the root recurses into a submodule with a .git.
+    done = subprocess.run(["git", "init", "-q", str(ws)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(ws), "update-index", "--add", "--cacheinfo",
+                           f"160000,{'1' * 40},sub"], capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    uid = uid_for(who)
+    if uid is not None:
+        for path in [ws, *ws.rglob("*")]:
+            os.chown(path, uid, uid)
+    marker = ws.parent / f"{ws.name}-planted"
+    attack = (
+        "mkdir -p sub/.git/objects sub/.git/refs/heads && echo 'ref: refs/heads/main' > sub/.git/HEAD && "
+        f"printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = {planted(marker)}\\n' > sub/.git/config; "
+        "echo done"
+    )
+    first, second = run(who, ws, attack, "echo again")
+    assert first["stdout"] == "done\n"
+    assert "submodule 'sub'" in first["error"] and "sub/.git.nexo-disabled-" in first["error"]
+    assert not (ws / "sub" / ".git").exists() and len(list((ws / "sub").glob(".git.nexo-disabled-*"))) == 1
+    assert second == {"exit_code": 0, "stdout": "again\n", "stderr": "", "truncated": False}
+    host_git(ws, "status")
+    assert not marker.exists()
+    # The same .git, left where the command put it, does run the planted code: the test can fail.
+    next((ws / "sub").glob(".git.nexo-disabled-*")).rename(ws / "sub" / ".git")
+    host_git(ws, "status")
+    assert marker.exists()
+    marker.unlink()
+
+
 def test_d_a_folder_above_a_protected_entry_cannot_be_renamed(who: str, ws: Path) -> None:
     # (d) `mv sub sub-moved && mkdir -p sub/.git/hooks` replaced a protected nested repository.
     git_init(ws / "sub", who)

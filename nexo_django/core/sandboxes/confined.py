@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 
+from . import gitlinks
 from .confine import USERNS_FIX, Egress, ShellPolicy, ShellUnavailable, find_bwrap
 from .guard import (
     Quota,
@@ -159,7 +160,8 @@ def _prepare(root: str, root_fd: int, protected: Sequence[str], policy: ShellPol
     return survey(root, root_fd, protected, quota, bind=True, owner=owner)
 
 
-def _after(result: dict[str, Any], root: str, root_fd: int, protected: Sequence[str], policy: ShellPolicy) -> dict[str, Any]:
+def _after(result: dict[str, Any], root: str, root_fd: int, protected: Sequence[str], policy: ShellPolicy,
+           unchecked: Sequence[str] = ()) -> dict[str, Any]:
     """After the command (nothing of it runs any more): a bare repository at the root is
     neutralised, set-id bits dropped, the quota checked; what was found fails the call, with the
     command's output kept."""
@@ -168,6 +170,8 @@ def _after(result: dict[str, Any], root: str, root_fd: int, protected: Sequence[
         neutralised = neutralise_bare_root(root_fd)
         if neutralised is not None:
             problems.append(neutralised)
+    with suppress(OSError):
+        problems += gitlinks.neutralise_new(root_fd, unchecked)
     found, over_quota = check_after(root, root_fd, protected, Quota(policy.workspace_bytes, policy.workspace_entries))
     problems += found
     if not problems:
@@ -201,6 +205,8 @@ def run_confined(
         return _refused(f"the workspace lock could not be taken ({exc})")
     try:
         try:
+            # Submodules the root registers without a .git: one made during the call is renamed aside.
+            unchecked = gitlinks.absent(root_fd, gitlinks.registered(root_fd))
             found = _prepare(root, root_fd, protected, policy, lock)
         except WorkspaceRefused as exc:
             return _refused(str(exc))
@@ -212,7 +218,7 @@ def run_confined(
             found.close()
         if "exit_code" not in result and "stdout" not in result:
             return result  # nothing ran
-        return _after(result, root, root_fd, protected, policy)
+        return _after(result, root, root_fd, protected, policy, unchecked)
     finally:
         lock.release()
 
