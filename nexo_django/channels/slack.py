@@ -261,8 +261,15 @@ class SlackChannel(Channel):
             raise DeliveryFailed("the question's message is not posted yet", retry_after=2)
         if asked is None or asked.status != NoticeStatus.DELIVERED or not asked.receipt:
             raise NothingToSay("no message of this channel to update")
-        text, blocks = self.question_blocks(step, run)
         where = asked.receipt
+        if notice.kind == "question.reminder":
+            if step.status != StepStatus.WAITING:
+                raise NothingToSay("the question was answered or ended meanwhile")
+            data = self.api("chat.postMessage", channel=where["channel"], thread_ts=where["ts"],
+                            text=plain(f"Reminder: {step.name} still waits for an answer "
+                                       f"(deadline {_when(step.expires_at)}).", 300))
+            return {"channel": data.get("channel"), "ts": data.get("ts")}
+        text, blocks = self.question_blocks(step, run)
         data = self.api("chat.update", channel=where["channel"], ts=where["ts"], text=text, blocks=blocks)
         return {"updated": [{"channel": data.get("channel", where["channel"]), "ts": data.get("ts", where["ts"])}]}
 

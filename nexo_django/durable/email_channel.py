@@ -21,7 +21,7 @@ class EmailNotices:
         self.options = options
 
     def send(self, notice: Any) -> dict[str, Any]:
-        if notice.kind == "question.asked":
+        if notice.kind in ("question.asked", "question.reminder"):
             return self._question(notice)
         reminder = notice.kind == "approval.reminder"
         ids = (notice.payload or {}).get("calls") or [notice.tool_call_id]
@@ -41,6 +41,7 @@ class EmailNotices:
                 if isinstance(pk, int) else None)
         if step is None:
             raise NothingToSay("the question was answered or ended before it was emailed")
-        sent = question_notices.send_emails(step)
-        WorkflowStep.objects.filter(pk=step.pk, notified_at=None).update(notified_at=timezone.now())
+        sent = question_notices.send_emails(step, reminder=notice.kind == "question.reminder")
+        if notice.kind == "question.asked":
+            WorkflowStep.objects.filter(pk=step.pk, notified_at=None).update(notified_at=timezone.now())
         return {"sent": sent}

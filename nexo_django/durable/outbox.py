@@ -38,14 +38,24 @@ from django.utils.module_loading import import_string
 
 from ..conf import nexo_settings
 from ..core.errors import ConfigurationError, NexoError
-from ..models import AgentRun, CallStatus, Notice, NoticeStatus, RunStatus, ToolCall
+from ..models import (
+    AgentRun,
+    CallStatus,
+    Notice,
+    NoticeStatus,
+    RunStatus,
+    StepKind,
+    StepStatus,
+    ToolCall,
+    WorkflowStep,
+)
 from . import dispatch
 
 log = logging.getLogger("nexo_django.outbox")
 
 #: every kind of notice, in the order of a call's life
 KINDS = ("approval.requested", "approval.reminder", "approval.decided", "approval.expired", "run.done", "run.failed",
-         "run.cancelled", "question.asked", "question.answered", "question.expired")
+         "run.cancelled", "question.asked", "question.reminder", "question.answered", "question.expired")
 #: the channels the app ships, by their short name in ``BACKEND``
 BACKENDS = {
     "slack": "nexo_django.channels.slack.SlackChannel",
@@ -97,7 +107,7 @@ def configured() -> dict[str, dict[str, Any]]:
     if isinstance(notify, dict) and notify.get("EMAIL"):
         # The approvers' emails (durable/notify.py): one per suspension, listing its calls.
         found[EMAIL] = {**COMMON, "BACKEND": EMAIL_BACKEND, "EVENTS": ["approval.requested", "approval.reminder",
-                                                                      "question.asked"],
+                                                                      "question.asked", "question.reminder"],
                         "GROUPED": True, "REMIND_AFTER": notify.get("REMIND_AFTER")}
     return found
 
@@ -224,33 +234,56 @@ def on_question(kind: str, step: Any, now: datetime) -> list[str]:
 
 
 def remind(now: datetime) -> list[str]:
-    """The reconciler's reminders: one per channel with ``REMIND_AFTER`` and call still waiting
-    that long (the unique key makes it once, whoever else reminds at the same moment)."""
+    """The reconciler's reminders: one per channel with ``REMIND_AFTER`` and call (or workflow
+    question) still waiting that long (the unique key makes it once, whoever else reminds at the
+    same moment)."""
     keys: list[str] = []
     for name, options in configured().items():
         after = options.get("REMIND_AFTER")
-        if not after or "approval.reminder" not in (options.get("EVENTS") or ()):
+        events = options.get("EVENTS") or ()
+        if not after:
             continue
-        waiting = ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL,
-                                          created_at__lte=now - timedelta(seconds=float(after)))
-        reminded = set(Notice.objects.filter(channel=name, kind="approval.reminder",
-                                             run_id__in=waiting.values("run_id")).values_list("key", flat=True))
-        by_run: dict[Any, list[str]] = {}
-        for run_id, call_id in waiting.order_by("created_at", "id").values_list("run_id", "tool_call_id")[:ROUND]:
-            by_run.setdefault(run_id, []).append(call_id)
-        new = []
-        for run_id, call_ids in by_run.items():
-            grouped = bool(options.get("GROUPED"))
-            for call_id in call_ids[:1] if grouped else call_ids:
-                key = notice_key(name, "approval.reminder", run_id, call_id)
-                if key not in reminded:
-                    new.append(Notice(channel=name, kind="approval.reminder", key=key, run_id=run_id,
-                                      tool_call_id=call_id, payload={"calls": call_ids} if grouped else {},
-                                      next_attempt_at=now, created_at=now))
-        if new:
-            Notice.objects.bulk_create(new, ignore_conflicts=True)
-            keys += [n.key for n in new]
+        since = now - timedelta(seconds=float(after))
+        if "approval.reminder" in events:
+            keys += _remind_calls(name, bool(options.get("GROUPED")), since, now)
+        if "question.reminder" in events:
+            keys += _remind_questions(name, since, now)
     return keys
+
+
+def _remind_calls(name: str, grouped: bool, since: datetime, now: datetime) -> list[str]:
+    waiting = ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL, created_at__lte=since)
+    reminded = set(Notice.objects.filter(channel=name, kind="approval.reminder",
+                                         run_id__in=waiting.values("run_id")).values_list("key", flat=True))
+    by_run: dict[Any, list[str]] = {}
+    for run_id, call_id in waiting.order_by("created_at", "id").values_list("run_id", "tool_call_id")[:ROUND]:
+        by_run.setdefault(run_id, []).append(call_id)
+    new = []
+    for run_id, call_ids in by_run.items():
+        for call_id in call_ids[:1] if grouped else call_ids:
+            key = notice_key(name, "approval.reminder", run_id, call_id)
+            if key not in reminded:
+                new.append(Notice(channel=name, kind="approval.reminder", key=key, run_id=run_id,
+                                  tool_call_id=call_id, payload={"calls": call_ids} if grouped else {},
+                                  next_attempt_at=now, created_at=now))
+    if new:
+        Notice.objects.bulk_create(new, ignore_conflicts=True)
+    return [n.key for n in new]
+
+
+def _remind_questions(channel: str, asked_before: datetime, now: datetime) -> list[str]:
+    """One ``question.reminder`` per workflow question still waiting since ``asked_before``."""
+    waiting = (WorkflowStep.objects.filter(kind=StepKind.QUESTION, status=StepStatus.WAITING, created_at__lte=asked_before)
+               .order_by("created_at", "id").values_list("pk", "run_id", "name")[:ROUND])
+    new = [Notice(channel=channel, kind="question.reminder", key=notice_key(channel, "question.reminder", run_id, name),
+                  run_id=run_id, payload={"step": pk, "key": name}, next_attempt_at=now, created_at=now)
+           for pk, run_id, name in waiting]
+    if not new:
+        return []
+    reminded = set(Notice.objects.filter(key__in=[n.key for n in new]).values_list("key", flat=True))
+    new = [n for n in new if n.key not in reminded]
+    Notice.objects.bulk_create(new, ignore_conflicts=True)
+    return [n.key for n in new]
 
 
 # --- delivering ------------------------------------------------------------------------------

@@ -27,12 +27,13 @@ def answer_url(step: WorkflowStep) -> str:
     return site + reverse("admin:nexo_django_openquestion_change", args=[step.pk])
 
 
-def message_parts(step: WorkflowStep) -> tuple[str, str, str]:
+def message_parts(step: WorkflowStep, *, reminder: bool = False) -> tuple[str, str, str]:
     workflow = notify.one_line(step.workflow.rsplit(".", 1)[-1])
     key = html.escape(notify.one_line(step.name))
     question = html.escape(notify.short(mark_hidden(step.question, keep="\n"), QUESTION_CHARS))
     url = answer_url(step)
-    subject = notify.short(f"{workflow} run {str(step.run_id)[:8]} asks: {notify.one_line(step.name)}", 150)
+    lead = "Reminder: " if reminder else ""
+    subject = notify.short(f"{lead}{workflow} run {str(step.run_id)[:8]} asks: {notify.one_line(step.name)}", 150)
     deadline = notify.deadline_text(step.expires_at).replace("decides", "answers")
     text = "\n".join([
         f"{workflow} ({html.escape(notify.one_line(step.workflow))}) asks a question ({key}):", "",
@@ -46,8 +47,8 @@ def message_parts(step: WorkflowStep) -> tuple[str, str, str]:
     return subject, text, body
 
 
-def send_emails(step: WorkflowStep) -> int:
-    """Email ``step``'s question to everyone who may answer it; how many went (the outbox's
-    ``email`` channel calls it for a ``question.asked`` notice, once)."""
-    subject, text, body = message_parts(step)
+def send_emails(step: WorkflowStep, *, reminder: bool = False) -> int:
+    """Email ``step``'s question (or its reminder) to everyone who may answer it; how many went
+    (the outbox's ``email`` channel calls it for a ``question.asked`` or ``.reminder`` notice)."""
+    subject, text, body = message_parts(step, reminder=reminder)
     return notify.mail_approvers(step.run, subject, text, body, f"question {step.name!r}")

@@ -72,7 +72,7 @@ def test_slack_posts_the_question_with_a_link_to_answer_it_and_updates_it_when_a
     settings: Any, counter: Path
 ) -> None:
     with SlackServer() as slack:
-        settings.NEXO = {"CHANNELS": {"ops": slack_channel(slack)}, "NOTIFY": {"SITE_URL": SITE}}
+        settings.NEXO = {"CHANNELS": {"ops": slack_channel(slack, REMIND_AFTER=600)}, "NOTIFY": {"SITE_URL": SITE}}
         boss = make_user("boss", "nexo_django.decide_toolcall")
         run = Ask.run({})
         step = WorkflowStep.objects.get(run_id=run.pk, name="channel")
@@ -84,7 +84,11 @@ def test_slack_posts_the_question_with_a_link_to_answer_it_and_updates_it_when_a
         assert f"{SITE}/admin/nexo_django/openquestion/{step.pk}/change/|Answer it" in shown
         assert not [b for b in message["blocks"] if b["type"] == "actions"]  # answered in the admin, not here
 
+        reconcile(now=timezone.now() + timedelta(hours=1))  # a reminder, in the message's thread
+        reply = slack.calls("chat.postMessage")[-1]
+        assert reply["thread_ts"] == asked.receipt["ts"] and reply["text"].startswith("Reminder: channel still waits")
+
         run.answer("channel", "blog", by=boss)
         updated = slack.messages[(asked.receipt["channel"], asked.receipt["ts"])]
         assert 'Answered by boss' in text_of(updated) and '\\"blog\\"' in text_of(updated)
-        assert len(slack.calls("chat.postMessage")) == 1 and len(slack.calls("chat.update")) >= 1
+        assert len(slack.calls("chat.postMessage")) == 2 and len(slack.calls("chat.update")) >= 1

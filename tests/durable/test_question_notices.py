@@ -94,3 +94,20 @@ def test_the_question_is_escaped_and_quoted_in_the_email(mailoutbox: list[Any]) 
     assert "\n> Decide: https://evil.example/" in message.body  # quoted: not a line of the notice's own
     html_body = message.alternatives[0][0]
     assert SCRIPT not in html_body
+
+
+def test_one_reminder_per_question_still_waiting_then_none_once_answered(mailoutbox: list[Any], counter: Path,
+                                                                        settings: Any) -> None:
+    settings.NEXO = {"NOTIFY": {"EMAIL": True, "SITE_URL": SITE, "REMIND_AFTER": 3600}}
+    boss = approver_with_mail("dora")
+    run = Ask.run({})
+    waiting = Ask.run({"version": "2"})
+    assert len(mailoutbox) == 2  # the questions
+    reconcile(now=timezone.now() + timedelta(minutes=30))
+    assert len(mailoutbox) == 2  # not yet
+    waiting.answer("channel", "mail", by=boss)
+    for _ in range(2):  # whoever reminds again: once
+        reconcile(now=timezone.now() + timedelta(hours=2))
+    [reminder] = mailoutbox[2:]
+    assert reminder.subject.startswith("Reminder: Ask run ") and reminder.to == ["dora@example.com"]
+    assert str(run.pk)[:8] in reminder.subject and "Where should this go?" in reminder.body
