@@ -209,3 +209,28 @@ def test_steps_need_a_durable_run() -> None:
 
     with pytest.raises(WorkflowError, match=r"Loose.checkpoint\(\) runs inside a durable run"):
         Loose().call(None)
+
+
+def test_an_answer_that_lands_while_the_pass_suspends_is_not_lost(counter: Path, boss: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # The answer commits after the pass found the question waiting and before its suspension
+    # commits: its wake-up finds the run still running and queues nothing. The pass looks again
+    # once suspended, and queues the run itself.
+    from nexo_django.durable import workflow_runs
+
+    original = workflow_runs._close
+    woke: list[bool] = []
+
+    def close_after_an_answer(run: AgentRun, token: str, new: str, *args: Any, **kwargs: Any) -> bool:
+        if new == RunStatus.SUSPENDED and not woke:
+            assert AgentRun.objects.get(pk=run.pk).status == RunStatus.RUNNING
+            step = WorkflowStep.objects.get(run_id=run.pk, name="channel")
+            woke.append(workflow_runs.parents.wake(run.pk))  # what the answer's own wake-up finds
+            workflow_runs.answer(AgentRun.objects.get(pk=run.pk), step.name, "blog", by=boss)
+        return original(run, token, new, *args, **kwargs)
+
+    monkeypatch.setattr(workflow_runs, "_close", close_after_an_answer)
+    run = Ask.run({})
+    assert woke == [False]  # the run was running: the answer's wake-up queued nothing
+    run = WorkflowRun.get(run.pk)
+    assert run.status == RunStatus.DONE and run.result == {"published_to": "blog"}
