@@ -25,6 +25,7 @@ The ORM stays for the admin and rare paths, and for :func:`create` whenever a ``
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -85,7 +86,11 @@ def _field(model: type[Model], name: str) -> Field[Any, Any]:
 def _execute(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: bool = False) -> Any:
     """Run one statement; rows (``fetch``) or the row count. An error marks the enclosing atomic
     block for rollback, as the ORM's statements do (``transaction.mark_for_rollback_on_error``).
-    Inside :meth:`Batch.run` the statements share one cursor."""
+    Inside :meth:`Batch.run` the statements share one cursor. On SQLite, when nothing watches the
+    connection's statements (no execute wrapper, no query logging: ``CaptureQueriesContext`` and
+    ``DEBUG`` turn it on), the statement goes straight to the driver (:func:`_execute_sqlite`)."""
+    if conn.vendor == "sqlite" and not conn.execute_wrappers and not conn.queries_logged:
+        return _execute_sqlite(conn, sql, params, fetch)
     try:
         cursor = getattr(conn, "_nexo_cursor", None)
         if cursor is not None:
@@ -93,6 +98,33 @@ def _execute(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: 
             return cursor.fetchall() if fetch else cursor.rowcount
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
+            return cursor.fetchall() if fetch else cursor.rowcount
+    except Exception as exc:
+        if conn.in_atomic_block:
+            conn.needs_rollback = True
+            conn.rollback_exc = exc  # type: ignore[attr-defined]
+        raise
+
+
+#: a statement's SQL in sqlite3's own parameter style (``?``), converted once
+_qmark: dict[str, str] = {}
+#: Django's conversion (``django.db.backends.sqlite3.base.FORMAT_QMARK_REGEX``)
+_FORMAT = re.compile(r"(?<!%)%s")
+
+
+def _execute_sqlite(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: bool) -> Any:
+    """What Django's cursor does for a statement (the async check and the connection, the broken
+    transaction check, its errors wrapped as Django's), without its layers: the wrapper objects,
+    the execute-wrapper chain and the regex that converts ``%s`` to ``?`` on every execution (the
+    same conversion, done once per statement here)."""
+    native = _qmark.get(sql)
+    if native is None:
+        native = _qmark[sql] = _FORMAT.sub("?", sql).replace("%%", "%")
+    conn.ensure_connection()
+    try:
+        conn.validate_no_broken_transaction()
+        with conn.wrap_database_errors:
+            cursor = conn.connection.execute(native, params)
             return cursor.fetchall() if fetch else cursor.rowcount
     except Exception as exc:
         if conn.in_atomic_block:
