@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import Any, cast
 
@@ -37,7 +37,10 @@ from django.db import DEFAULT_DB_ALIAS, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import AutoField, Field, Model
 from django.db.models.expressions import Col
-from django.db.models.signals import post_save, pre_save
+from django.db.models.base import ModelState
+from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
+from django.db.models.query_utils import DeferredAttribute
+from django.db.models.signals import post_init, post_save, pre_init, pre_save
 
 from ..models import AgentRun, Decision, RunMessage, ToolCall
 from ..storable import (
@@ -349,11 +352,27 @@ def _requeue_params(
 def requeue_fetch(run_id: Any, old: str, new: str, now: datetime, *, unless_pending: str | None = None) -> int | None:
     """:func:`requeue`, then the run's new generation if it woke it (None if not), in one
     transaction."""
-    alias, _ = _db(AgentRun, write=True)
+    alias, conn = _db(AgentRun, write=True)
+    if conn.features.can_return_rows_from_update:  # one statement: UPDATE ... RETURNING
+        return _requeue_returning(conn, run_id, old, new, now, unless_pending)
     with transaction.atomic(using=alias, savepoint=False):
         if not requeue(run_id, old, new, now, unless_pending=unless_pending):
             return None
         return int(values(AgentRun, "generation", "id", id=run_id)[0])
+
+
+def _requeue_returning(
+    conn: BaseDatabaseWrapper, run_id: Any, old: str, new: str, now: datetime, unless_pending: str | None,
+) -> int | None:
+    """:func:`requeue` with ``RETURNING`` the new generation (None if it did not wake the run)."""
+    key = (conn.vendor, "requeue_returning", unless_pending is not None)
+    built = _statements.get(key)
+    if built is None:
+        sql = _requeue_sql(conn, unless_pending=unless_pending is not None)
+        sql += f" RETURNING {_column(conn, AgentRun, _field(AgentRun, 'generation'))}"
+        built = _statements[key] = (sql, ())
+    rows = _execute(conn, built[0], _requeue_params(conn, run_id, old, new, now, unless_pending), fetch=True)
+    return int(rows[0][0]) if rows else None
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -382,6 +401,42 @@ def _convert(conn: BaseDatabaseWrapper, reader: Reader, row: Sequence[Any]) -> l
         for converter in converters:
             values[i] = converter(values[i], col, conn)
     return values
+
+
+#: model -> the attribute names of its concrete fields, if its instances can be built without
+#: ``Model.__init__`` (see :func:`_from_db`), else None
+_plain: dict[type[Model], tuple[str, ...] | None] = {}
+
+
+def _from_db[M: Model](model: type[M], alias: str, values: list[Any]) -> M:
+    """``model.from_db(alias, None, values)`` for a whole row: what ``Model.__init__`` does with
+    one value per concrete field (each stored as the instance's attribute, ``_state`` set), without
+    its generic loop, when nothing can tell the difference: the model's own ``__init__`` and
+    ``from_db`` are Django's, no ``pre_init``/``post_init`` receiver listens, and every field's
+    attribute is a plain deferred one (whose ``__set__``, if any, only stores the value)."""
+    names = _plain.get(model, ())
+    if names == ():
+        names = _plain[model] = _plain_names(model)
+    if names is None or pre_init.has_listeners(model) or post_init.has_listeners(model):
+        return cast("M", model.from_db(alias, None, values))
+    obj = model.__new__(model)
+    state = ModelState()
+    state.adding, state.db = False, alias
+    attributes = obj.__dict__
+    attributes["_state"] = state
+    attributes.update(zip(names, values, strict=True))
+    return obj
+
+
+def _plain_names(model: type[Model]) -> tuple[str, ...] | None:
+    if model.__init__ is not Model.__init__ or model.from_db.__func__ is not Model.from_db.__func__:  # type: ignore[attr-defined]
+        return None
+    names = []
+    for field in model._meta.concrete_fields:
+        if type(getattr(model, field.attname, None)) not in (DeferredAttribute, ForeignKeyDeferredAttribute):
+            return None
+        names.append(field.attname)
+    return tuple(names)
 
 
 def _columns(conn: BaseDatabaseWrapper, model: type[Model]) -> str:
@@ -418,7 +473,7 @@ def select[M: Model](
         params.append(int(limit))
     rows = _execute(conn, sql, params, fetch=True)
     reader = _reader(conn, model)
-    return [model.from_db(alias, None, _convert(conn, reader, row)) for row in rows]  # type: ignore[arg-type]
+    return [_from_db(model, alias, _convert(conn, reader, row)) for row in rows]
 
 
 def get[M: Model](model: type[M], *, for_update: bool = False, alias: str | None = None, **where: Any) -> M | None:
@@ -491,7 +546,7 @@ def run_and_messages(run_id: Any, status: str) -> tuple[AgentRun | None, list[An
     rows = _execute(conn, sql, _lookup_params(conn, fields, (run_id, status)), fetch=True)
     if not rows:
         return None, []
-    run = AgentRun.from_db(alias, None, _convert(conn, _reader(conn, AgentRun), rows[0][:-1]))  # type: ignore[arg-type]
+    run = _from_db(AgentRun, alias, _convert(conn, _reader(conn, AgentRun), rows[0][:-1]))
     return run, loads(rows[0][-1])  # the field's decoding (storable), for the array at once
 
 
@@ -522,10 +577,10 @@ def calls_with_decisions(run_id: Any, call_ids: Sequence[str]) -> list[ToolCall]
     link = _field(Decision, "tool_call")
     calls = []
     for row in rows:
-        call = ToolCall.from_db(alias, None, _convert(conn, calls_reader, row[:n]))  # type: ignore[arg-type]
+        call = _from_db(ToolCall, alias, _convert(conn, calls_reader, row[:n]))
         decision = None
         if row[n] is not None:
-            decision = Decision.from_db(alias, None, _convert(conn, decisions_reader, row[n:]))  # type: ignore[arg-type]
+            decision = _from_db(Decision, alias, _convert(conn, decisions_reader, row[n:]))
             link.set_cached_value(decision, call)  # type: ignore[attr-defined]
         relation.set_cached_value(call, decision)
         calls.append(call)
@@ -567,6 +622,8 @@ class Batch:
         self.durable = durable
         self._steps: list[tuple[Any, ...]] = []
         self._combined = self.conn.vendor == "postgresql"
+        #: no step needs the ORM (no :meth:`call`, no listened model): see :func:`_sqlite_transaction`
+        self._plain = True
         #: the row count of each step, in order (the gate's first), once run
         self.counts: list[int] = []
         #: the new generation of the run each :meth:`requeue` step woke, by step
@@ -590,7 +647,7 @@ class Batch:
     def gate_create(self, obj: Model) -> int:
         """Insert ``obj`` (:func:`create`): the rest is always written with it."""
         if _listened(obj):
-            self._combined = False
+            self._combined = self._plain = False
         return self._add("create", [obj])
 
     def insert(self, model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]]) -> int:
@@ -600,7 +657,7 @@ class Batch:
     def create(self, objs: Sequence[Model]) -> int:
         """:func:`bulk_create` with signals: the new keys set on ``objs``."""
         if objs and _listened(objs[0]):
-            self._combined = False
+            self._combined = self._plain = False
         return self._add("create", objs)
 
     def update(self, model: type[Model], where: dict[str, Any], values: dict[str, Any]) -> int:
@@ -614,7 +671,7 @@ class Batch:
 
     def call(self, fn: Callable[[], Any]) -> int:
         """Anything else, in order (the steps then run one by one)."""
-        self._combined = False
+        self._combined = self._plain = False
         return self._add("call", fn)
 
     def _add(self, *step: Any) -> int:
@@ -639,20 +696,27 @@ class Batch:
             if len(params) <= COMBINED_MAX_PARAMS:
                 return self._run_combined(params, no_wait)
         self.counts = []
-        # Inside the caller's transaction no savepoint: a failing step dooms the whole of it.
         conn = self.conn
+        if (self._plain and conn.vendor == "sqlite" and not conn.in_atomic_block and conn.get_autocommit()
+                and not conn.execute_wrappers and not conn.queries_logged):
+            with _sqlite_transaction(conn, wait=not no_wait):
+                return self._run_steps()
+        # Inside the caller's transaction no savepoint: a failing step dooms the whole of it.
         outer = getattr(conn, "_nexo_cursor", None)  # a batch run by a step of another
         with atomic(conn, self.alias, wait=not no_wait), conn.cursor() as cursor:
             conn._nexo_cursor = cursor  # type: ignore[attr-defined]
             try:
                 if self._lock is not None:
                     lock(*self._lock, alias=self.alias)
-                for i, step in enumerate(self._steps):
-                    self.counts.append(self._run_step(i, step))
-                    if i == 0 and not self.counts[0]:
-                        return False
+                return self._run_steps()
             finally:
                 conn._nexo_cursor = outer  # type: ignore[attr-defined]
+
+    def _run_steps(self) -> bool:
+        for i, step in enumerate(self._steps):
+            self.counts.append(self._run_step(i, step))
+            if i == 0 and not self.counts[0]:
+                return False
         return True
 
     def _run_step(self, index: int, step: tuple[Any, ...]) -> int:
@@ -666,6 +730,12 @@ class Batch:
             return len(step[3])
         if kind == "requeue":
             run_id, old, new, now, unless_pending, _ = step[1:]
+            if self.conn.features.can_return_rows_from_update:
+                generation = _requeue_returning(self.conn, run_id, old, new, now, unless_pending)
+                if generation is None:
+                    return 0
+                self.generations[index] = generation
+                return 1
             woken = requeue(run_id, old, new, now, unless_pending=unless_pending)
             if woken:
                 self.generations[index] = values(AgentRun, "generation", "id", id=run_id)[0]
@@ -846,6 +916,32 @@ def atomic(conn: BaseDatabaseWrapper, alias: str, *, wait: bool = True) -> Itera
             with conn.cursor() as cursor:
                 cursor.execute("SET LOCAL synchronous_commit TO OFF")
             yield
+
+
+@contextmanager
+def _sqlite_transaction(conn: BaseDatabaseWrapper, *, wait: bool) -> Iterator[None]:
+    """A transaction of its own on SQLite, begun and ended on the driver's connection as
+    ``transaction.atomic(savepoint=False)`` does it there (``BEGIN``, with the connection's
+    ``transaction_mode``; ``COMMIT``, or ``ROLLBACK`` on any error, the commit's included; errors
+    wrapped as Django's), without its bookkeeping (autocommit switched off and on, ``on_commit``
+    hooks, the atomic block's state). For a :class:`Batch` of the durable layer's own statements
+    only: nothing inside it may use the ORM or register ``on_commit`` (the caller checks that no
+    step does, and that no transaction is open). ``wait=False``: see :func:`_sqlite_no_wait`."""
+    with _sqlite_no_wait(conn) if not wait else nullcontext():
+        conn.ensure_connection()
+        raw = conn.connection
+        mode = getattr(conn, "transaction_mode", None)
+        with conn.wrap_database_errors:
+            raw.execute("BEGIN" if mode is None else f"BEGIN {mode}")
+        try:
+            yield
+            with conn.wrap_database_errors:
+                raw.commit()
+        except BaseException:
+            if raw.in_transaction:
+                with conn.wrap_database_errors:
+                    raw.rollback()
+            raise
 
 
 @contextmanager
