@@ -89,11 +89,16 @@ def _field(model: type[Model], name: str) -> Field[Any, Any]:
 def _execute(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: bool = False) -> Any:
     """Run one statement; rows (``fetch``) or the row count. An error marks the enclosing atomic
     block for rollback, as the ORM's statements do (``transaction.mark_for_rollback_on_error``).
-    Inside :meth:`Batch.run` the statements share one cursor. On SQLite, when nothing watches the
+    Inside :meth:`Batch.run` the statements share one cursor. When nothing watches the
     connection's statements (no execute wrapper, no query logging: ``CaptureQueriesContext`` and
-    ``DEBUG`` turn it on), the statement goes straight to the driver (:func:`_execute_sqlite`)."""
-    if conn.vendor == "sqlite" and not conn.execute_wrappers and not conn.queries_logged:
-        return _execute_sqlite(conn, sql, params, fetch)
+    ``DEBUG`` turn it on), a statement on SQLite or PostgreSQL goes straight to the driver's cursor
+    (:func:`_execute_sqlite`, :func:`_execute_driver`): about 0.5 ms of CPU less per approval
+    cycle on SQLite (issue 34), where the same checks are made and errors wrapped the same way."""
+    if not conn.execute_wrappers and not conn.queries_logged:
+        if conn.vendor == "sqlite":
+            return _execute_sqlite(conn, sql, params, fetch)
+        if conn.vendor == "postgresql" and getattr(conn, "_nexo_cursor", None) is None:
+            return _execute_driver(conn, sql, params, fetch)
     try:
         cursor = getattr(conn, "_nexo_cursor", None)
         if cursor is not None:
@@ -123,12 +128,37 @@ def _execute_sqlite(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], 
     native = _qmark.get(sql)
     if native is None:
         native = _qmark[sql] = _FORMAT.sub("?", sql).replace("%%", "%")
-    conn.ensure_connection()
+    _ready(conn)
     try:
         conn.validate_no_broken_transaction()
         with conn.wrap_database_errors:
             cursor = conn.connection.execute(native, params)
             return cursor.fetchall() if fetch else cursor.rowcount
+    except Exception as exc:
+        if conn.in_atomic_block:
+            conn.needs_rollback = True
+            conn.rollback_exc = exc  # type: ignore[attr-defined]
+        raise
+
+
+def _ready(conn: BaseDatabaseWrapper) -> None:
+    """What Django's ``connection.cursor()`` checks first: the health check (``CONN_HEALTH_CHECKS``),
+    the connection (opened if need be; refused in an async context), its thread."""
+    conn.close_if_health_check_failed()
+    conn.ensure_connection()
+    conn.validate_thread_sharing()
+
+
+def _execute_driver(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: bool) -> Any:
+    """:func:`_execute_sqlite` for PostgreSQL: the backend's own cursor (``create_cursor``: the
+    driver's, with the connection's binding and time zone), without Django's wrapper around it."""
+    _ready(conn)
+    try:
+        conn.validate_no_broken_transaction()
+        with conn.wrap_database_errors:
+            with conn.create_cursor() as cursor:
+                cursor.execute(sql, params)
+                return cursor.fetchall() if fetch else cursor.rowcount
     except Exception as exc:
         if conn.in_atomic_block:
             conn.needs_rollback = True
@@ -928,7 +958,7 @@ def _sqlite_transaction(conn: BaseDatabaseWrapper, *, wait: bool) -> Iterator[No
     only: nothing inside it may use the ORM or register ``on_commit`` (the caller checks that no
     step does, and that no transaction is open). ``wait=False``: see :func:`_sqlite_no_wait`."""
     with _sqlite_no_wait(conn) if not wait else nullcontext():
-        conn.ensure_connection()
+        _ready(conn)
         raw = conn.connection
         mode = getattr(conn, "transaction_mode", None)
         with conn.wrap_database_errors:

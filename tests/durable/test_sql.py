@@ -253,6 +253,60 @@ def test_a_failed_statement_marks_the_atomic_block_for_rollback() -> None:
     assert RunMessage.objects.filter(run=run).count() == 1
 
 
+def test_statements_sent_straight_to_the_driver_keep_djangos_checks_and_errors() -> None:
+    """With nothing watching the connection, statements skip Django's cursor (issue 34): its
+    checks stay (a broken transaction, an async context) and errors are Django's, not the driver's."""
+    from django.core.exceptions import SynchronousOnlyOperation
+    from django.db import IntegrityError
+    from django.db.transaction import TransactionManagementError
+
+    assert not connection.execute_wrappers and not connection.queries_logged  # the path tested
+    run = a_run()
+    run.save(force_insert=True)
+    rows = [(run.pk, 0, "user", {}, WHEN)]
+    sql.insert(RunMessage, ("run_id", "seq", "role", "data", "created_at"), rows)
+    with pytest.raises(IntegrityError):  # django.db's, whatever the driver raised
+        sql.insert(RunMessage, ("run_id", "seq", "role", "data", "created_at"), rows)
+    with transaction.atomic():
+        with pytest.raises(IntegrityError):
+            sql.insert(RunMessage, ("run_id", "seq", "role", "data", "created_at"), rows)
+        with pytest.raises(TransactionManagementError):
+            sql.get(AgentRun, id=run.pk)  # as the ORM: nothing more until the block ends
+
+    async def from_the_event_loop() -> None:
+        sql.get(AgentRun, id=run.pk)
+
+    import asyncio
+
+    with pytest.raises(SynchronousOnlyOperation):
+        asyncio.run(from_the_event_loop())
+    assert sql.get(AgentRun, id=run.pk) is not None
+
+
+def test_a_batch_of_its_own_rolls_back_whole_when_a_step_fails() -> None:
+    """A batch outside any transaction is one (on SQLite begun and ended on the driver's connection,
+    issue 34): a failing step leaves none of its rows, the connection usable after it."""
+    from django.db import IntegrityError
+
+    run = a_run(status=RunStatus.QUEUED)
+    run.save(force_insert=True)
+    sql.insert(RunMessage, ("run_id", "seq", "role", "data", "created_at"), [(run.pk, 1, "user", {}, WHEN)])
+    batch = sql.Batch()
+    batch.gate(AgentRun, {"id": run.pk, "status": RunStatus.QUEUED}, {"error": "changed"})
+    batch.insert(RunEvent, ("run_id", "type", "data", "created_at"), [(run.pk, "x", {}, WHEN)])
+    batch.insert(RunMessage, ("run_id", "seq", "role", "data", "created_at"), [(run.pk, 1, "user", {}, WHEN)])
+    with pytest.raises(IntegrityError):
+        batch.run()
+    assert AgentRun.objects.get(pk=run.pk).error == ""
+    assert not RunEvent.objects.filter(run=run).exists()
+    assert connection.get_autocommit() and not connection.in_atomic_block
+    batch = sql.Batch()
+    batch.gate(AgentRun, {"id": run.pk, "status": RunStatus.QUEUED}, {"error": "changed"})
+    batch.insert(RunEvent, ("run_id", "type", "data", "created_at"), [(run.pk, "x", {}, WHEN)])
+    assert batch.run()
+    assert AgentRun.objects.get(pk=run.pk).error == "changed" and RunEvent.objects.filter(run=run).count() == 1
+
+
 # --- the fast paths of the reads every approval makes ---------------------------------------------
 
 
