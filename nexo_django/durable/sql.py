@@ -58,8 +58,8 @@ _statements: dict[tuple[Any, ...], tuple[str, tuple[Field[Any, Any], ...]]] = {}
 #: (vendor, model, field names or None for all) -> each column and the converters of its values
 _readers: dict[tuple[Any, ...], list[tuple[Col, list[Callable[..., Any]]]]] = {}
 
-#: field -> how its values are prepared for the database (:func:`_saver`)
-_savers: dict[Field[Any, Any], Callable[[Any, BaseDatabaseWrapper], Any]] = {}
+#: id(field) -> the field and how its values are prepared for the database (:func:`_saver`)
+_savers: dict[int, tuple[Field[Any, Any], Callable[[Any, BaseDatabaseWrapper], Any]]] = {}
 
 #: a batch with more values than this runs step by step (a server-side binding connection allows
 #: 65535 parameters in one statement; client-side binding, Django's default, has no such limit)
@@ -186,10 +186,10 @@ def _saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], Any]:
     an aware ``datetime`` (with ``USE_TZ``), a ``dict`` or ``list`` in a JSON field, a ``UUID`` in a
     UUID field or a foreign key to one. Any other value, or a field class of someone else's (a
     subclass may prepare differently), goes through ``get_db_prep_save`` itself."""
-    saver = _savers.get(field)
-    if saver is None:
-        saver = _savers[field] = _make_saver(field)
-    return saver
+    found = _savers.get(id(field))  # by identity: a field's own hash is a Python method
+    if found is None or found[0] is not field:
+        found = _savers[id(field)] = (field, _make_saver(field))  # the field kept: its id stays its own
+    return found[1]
 
 
 def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], Any]:
@@ -819,9 +819,16 @@ def _auto_pk(model: type[Model]) -> bool:
 
 def _insert_fields(model: type[Model]) -> list[Field[Any, Any]]:
     """The fields an INSERT writes: not an automatic key, not a column the database generates."""
-    pk = _pk(model)
-    return [f for f in model._meta.concrete_fields
-            if not (_auto_pk(model) and f is pk) and not getattr(f, "generated", False)]
+    found = _inserted.get(model)
+    if found is None:
+        pk = _pk(model)
+        found = _inserted[model] = [f for f in model._meta.concrete_fields
+                                    if not (_auto_pk(model) and f is pk) and not getattr(f, "generated", False)]
+    return found
+
+
+#: model -> :func:`_insert_fields` (its fields do not change once the app registry is ready)
+_inserted: dict[type[Model], list[Field[Any, Any]]] = {}
 
 
 def _shape(step: tuple[Any, ...]) -> tuple[Any, ...]:
