@@ -201,6 +201,9 @@ def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], 
         return lambda v, conn: escape_text(v) if type(v) is str else slow(v, conn)
     if kind is models.BooleanField:
         return lambda v, conn: v if type(v) is bool else slow(v, conn)
+    if kind in _INTEGER_FIELDS:  # get_prep_value is int(v): the backend's adaptation is what is left
+        internal = field.get_internal_type()
+        return lambda v, conn: conn.ops.adapt_integerfield_value(v, internal) if type(v) is int else slow(v, conn)
     if kind is models.DateTimeField:
 
         def datetime_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
@@ -233,6 +236,10 @@ def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], 
 
         return uuid_saver
     return slow
+
+
+_INTEGER_FIELDS = (models.IntegerField, models.SmallIntegerField, models.BigIntegerField,
+                   models.PositiveIntegerField, models.PositiveSmallIntegerField, models.PositiveBigIntegerField)
 
 
 def _lookup_params(conn: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]], values: Iterable[Any]) -> list[Any]:
