@@ -36,8 +36,8 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import AutoField, Field, Model
-from django.db.models.expressions import Col
 from django.db.models.base import ModelState
+from django.db.models.expressions import Col
 from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
 from django.db.models.query_utils import DeferredAttribute
 from django.db.models.signals import post_init, post_save, pre_init, pre_save
@@ -155,10 +155,9 @@ def _execute_driver(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], 
     _ready(conn)
     try:
         conn.validate_no_broken_transaction()
-        with conn.wrap_database_errors:
-            with conn.create_cursor() as cursor:
-                cursor.execute(sql, params)
-                return cursor.fetchall() if fetch else cursor.rowcount
+        with conn.wrap_database_errors, conn.create_cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if fetch else cursor.rowcount
     except Exception as exc:
         if conn.in_atomic_block:
             conn.needs_rollback = True
@@ -455,7 +454,7 @@ def _from_db[M: Model](model: type[M], alias: str, values: list[Any]) -> M:
     if names == ():
         names = _plain[model] = _plain_names(model)
     if names is None or pre_init.has_listeners(model) or post_init.has_listeners(model):
-        return cast("M", model.from_db(alias, None, values))
+        return cast("M", model.from_db(alias, None, values))  # type: ignore[arg-type]
     obj = model.__new__(model)
     state = ModelState()
     state.adding, state.db = False, alias
