@@ -307,6 +307,31 @@ def test_a_batch_of_its_own_rolls_back_whole_when_a_step_fails() -> None:
     assert AgentRun.objects.get(pk=run.pk).error == "changed" and RunEvent.objects.filter(run=run).count() == 1
 
 
+def test_rows_read_here_are_instances_the_orm_would_build_and_post_init_still_runs() -> None:
+    """A row read here becomes an instance without ``Model.__init__``'s loop (issue 34): the same
+    attributes and state as the ORM's; with a ``post_init`` receiver, the ORM's way, so it runs."""
+    from django.db.models.signals import post_init
+
+    run = a_run()
+    run.save(force_insert=True)
+    fast = sql.get(AgentRun, id=run.pk)
+    orm = AgentRun.objects.get(pk=run.pk)
+    assert fast is not None and fields(fast) == fields(orm)
+    assert (fast._state.adding, fast._state.db) == (orm._state.adding, orm._state.db) == (False, "default")
+    assert fast.created_by == orm.created_by  # the relation is read from the key, as the ORM's
+    seen: list[Any] = []
+
+    def receiver(sender: Any, instance: Any, **kwargs: Any) -> None:
+        seen.append(instance.pk)
+
+    post_init.connect(receiver, sender=AgentRun)
+    try:
+        assert sql.get(AgentRun, id=run.pk) is not None
+    finally:
+        post_init.disconnect(receiver, sender=AgentRun)
+    assert seen == [run.pk]
+
+
 # --- the fast paths of the reads every approval makes ---------------------------------------------
 
 
