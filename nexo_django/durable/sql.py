@@ -25,7 +25,6 @@ The ORM stays for the admin and rare paths, and for :func:`create` whenever a ``
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -36,11 +35,8 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import AutoField, Field, Model
-from django.db.models.base import ModelState
 from django.db.models.expressions import Col
-from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
-from django.db.models.query_utils import DeferredAttribute
-from django.db.models.signals import post_init, post_save, pre_init, pre_save
+from django.db.models.signals import post_save, pre_save
 
 from ..models import AgentRun, Decision, RunMessage, ToolCall
 from ..storable import (
@@ -52,6 +48,7 @@ from ..storable import (
     escape_text,
     loads,
 )
+from . import driver
 
 #: built statements: (vendor, what, model, ...) -> (sql, fields)
 _statements: dict[tuple[Any, ...], tuple[str, tuple[Field[Any, Any], ...]]] = {}
@@ -92,70 +89,19 @@ def _execute(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: 
     Inside :meth:`Batch.run` the statements share one cursor. When nothing watches the
     connection's statements (no execute wrapper, no query logging: ``CaptureQueriesContext`` and
     ``DEBUG`` turn it on), a statement on SQLite or PostgreSQL goes straight to the driver's cursor
-    (:func:`_execute_sqlite`, :func:`_execute_driver`): about 0.5 ms of CPU less per approval
-    cycle on SQLite (issue 34), where the same checks are made and errors wrapped the same way."""
+    (:mod:`.driver`): about 0.5 ms of CPU less per approval cycle on SQLite (issue 34), with the
+    same checks made and errors wrapped the same way."""
     if not conn.execute_wrappers and not conn.queries_logged:
         if conn.vendor == "sqlite":
-            return _execute_sqlite(conn, sql, params, fetch)
+            return driver.execute_sqlite(conn, sql, params, fetch)
         if conn.vendor == "postgresql" and getattr(conn, "_nexo_cursor", None) is None:
-            return _execute_driver(conn, sql, params, fetch)
+            return driver.execute_driver(conn, sql, params, fetch)
     try:
         cursor = getattr(conn, "_nexo_cursor", None)
         if cursor is not None:
             cursor.execute(sql, params)
             return cursor.fetchall() if fetch else cursor.rowcount
         with conn.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall() if fetch else cursor.rowcount
-    except Exception as exc:
-        if conn.in_atomic_block:
-            conn.needs_rollback = True
-            conn.rollback_exc = exc  # type: ignore[attr-defined]
-        raise
-
-
-#: a statement's SQL in sqlite3's own parameter style (``?``), converted once
-_qmark: dict[str, str] = {}
-#: Django's conversion (``django.db.backends.sqlite3.base.FORMAT_QMARK_REGEX``)
-_FORMAT = re.compile(r"(?<!%)%s")
-
-
-def _execute_sqlite(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: bool) -> Any:
-    """What Django's cursor does for a statement (the async check and the connection, the broken
-    transaction check, its errors wrapped as Django's), without its layers: the wrapper objects,
-    the execute-wrapper chain and the regex that converts ``%s`` to ``?`` on every execution (the
-    same conversion, done once per statement here)."""
-    native = _qmark.get(sql)
-    if native is None:
-        native = _qmark[sql] = _FORMAT.sub("?", sql).replace("%%", "%")
-    _ready(conn)
-    try:
-        conn.validate_no_broken_transaction()
-        with conn.wrap_database_errors:
-            cursor = conn.connection.execute(native, params)
-            return cursor.fetchall() if fetch else cursor.rowcount
-    except Exception as exc:
-        if conn.in_atomic_block:
-            conn.needs_rollback = True
-            conn.rollback_exc = exc  # type: ignore[attr-defined]
-        raise
-
-
-def _ready(conn: BaseDatabaseWrapper) -> None:
-    """What Django's ``connection.cursor()`` checks first: the health check (``CONN_HEALTH_CHECKS``),
-    the connection (opened if need be; refused in an async context), its thread."""
-    conn.close_if_health_check_failed()
-    conn.ensure_connection()
-    conn.validate_thread_sharing()
-
-
-def _execute_driver(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: bool) -> Any:
-    """:func:`_execute_sqlite` for PostgreSQL: the backend's own cursor (``create_cursor``: the
-    driver's, with the connection's binding and time zone), without Django's wrapper around it."""
-    _ready(conn)
-    try:
-        conn.validate_no_broken_transaction()
-        with conn.wrap_database_errors, conn.create_cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchall() if fetch else cursor.rowcount
     except Exception as exc:
@@ -439,42 +385,6 @@ def _convert(conn: BaseDatabaseWrapper, reader: Reader, row: Sequence[Any]) -> l
     return values
 
 
-#: model -> the attribute names of its concrete fields, if its instances can be built without
-#: ``Model.__init__`` (see :func:`_from_db`), else None
-_plain: dict[type[Model], tuple[str, ...] | None] = {}
-
-
-def _from_db[M: Model](model: type[M], alias: str, values: list[Any]) -> M:
-    """``model.from_db(alias, None, values)`` for a whole row: what ``Model.__init__`` does with
-    one value per concrete field (each stored as the instance's attribute, ``_state`` set), without
-    its generic loop, when nothing can tell the difference: the model's own ``__init__`` and
-    ``from_db`` are Django's, no ``pre_init``/``post_init`` receiver listens, and every field's
-    attribute is a plain deferred one (whose ``__set__``, if any, only stores the value)."""
-    names = _plain.get(model, ())
-    if names == ():
-        names = _plain[model] = _plain_names(model)
-    if names is None or pre_init.has_listeners(model) or post_init.has_listeners(model):
-        return cast("M", model.from_db(alias, None, values))  # type: ignore[arg-type]
-    obj = model.__new__(model)
-    state = ModelState()
-    state.adding, state.db = False, alias
-    attributes = obj.__dict__
-    attributes["_state"] = state
-    attributes.update(zip(names, values, strict=True))
-    return obj
-
-
-def _plain_names(model: type[Model]) -> tuple[str, ...] | None:
-    if model.__init__ is not Model.__init__ or model.from_db.__func__ is not Model.from_db.__func__:  # type: ignore[attr-defined]
-        return None
-    names = []
-    for field in model._meta.concrete_fields:
-        if type(getattr(model, field.attname, None)) not in (DeferredAttribute, ForeignKeyDeferredAttribute):
-            return None
-        names.append(field.attname)
-    return tuple(names)
-
-
 def _columns(conn: BaseDatabaseWrapper, model: type[Model]) -> str:
     return ", ".join(_column(conn, model, f) for f in model._meta.concrete_fields)
 
@@ -509,7 +419,7 @@ def select[M: Model](
         params.append(int(limit))
     rows = _execute(conn, sql, params, fetch=True)
     reader = _reader(conn, model)
-    return [_from_db(model, alias, _convert(conn, reader, row)) for row in rows]
+    return [driver.from_db(model, alias, _convert(conn, reader, row)) for row in rows]
 
 
 def get[M: Model](model: type[M], *, for_update: bool = False, alias: str | None = None, **where: Any) -> M | None:
@@ -582,7 +492,7 @@ def run_and_messages(run_id: Any, status: str) -> tuple[AgentRun | None, list[An
     rows = _execute(conn, sql, _lookup_params(conn, fields, (run_id, status)), fetch=True)
     if not rows:
         return None, []
-    run = _from_db(AgentRun, alias, _convert(conn, _reader(conn, AgentRun), rows[0][:-1]))
+    run = driver.from_db(AgentRun, alias, _convert(conn, _reader(conn, AgentRun), rows[0][:-1]))
     return run, loads(rows[0][-1])  # the field's decoding (storable), for the array at once
 
 
@@ -613,10 +523,10 @@ def calls_with_decisions(run_id: Any, call_ids: Sequence[str]) -> list[ToolCall]
     link = _field(Decision, "tool_call")
     calls = []
     for row in rows:
-        call = _from_db(ToolCall, alias, _convert(conn, calls_reader, row[:n]))
+        call = driver.from_db(ToolCall, alias, _convert(conn, calls_reader, row[:n]))
         decision = None
         if row[n] is not None:
-            decision = _from_db(Decision, alias, _convert(conn, decisions_reader, row[n:]))
+            decision = driver.from_db(Decision, alias, _convert(conn, decisions_reader, row[n:]))
             link.set_cached_value(decision, call)  # type: ignore[attr-defined]
         relation.set_cached_value(call, decision)
         calls.append(call)
@@ -658,7 +568,7 @@ class Batch:
         self.durable = durable
         self._steps: list[tuple[Any, ...]] = []
         self._combined = self.conn.vendor == "postgresql"
-        #: no step needs the ORM (no :meth:`call`, no listened model): see :func:`_sqlite_transaction`
+        #: no step needs the ORM (no :meth:`call`, no listened model): see :func:`.driver.sqlite_transaction`
         self._plain = True
         #: the row count of each step, in order (the gate's first), once run
         self.counts: list[int] = []
@@ -735,7 +645,7 @@ class Batch:
         conn = self.conn
         if (self._plain and conn.vendor == "sqlite" and not conn.in_atomic_block and conn.get_autocommit()
                 and not conn.execute_wrappers and not conn.queries_logged):
-            with _sqlite_transaction(conn, wait=not no_wait):
+            with _sqlite_no_wait(conn) if no_wait else nullcontext(), driver.sqlite_transaction(conn):
                 return self._run_steps()
         # Inside the caller's transaction no savepoint: a failing step dooms the whole of it.
         outer = getattr(conn, "_nexo_cursor", None)  # a batch run by a step of another
@@ -959,32 +869,6 @@ def atomic(conn: BaseDatabaseWrapper, alias: str, *, wait: bool = True) -> Itera
             with conn.cursor() as cursor:
                 cursor.execute("SET LOCAL synchronous_commit TO OFF")
             yield
-
-
-@contextmanager
-def _sqlite_transaction(conn: BaseDatabaseWrapper, *, wait: bool) -> Iterator[None]:
-    """A transaction of its own on SQLite, begun and ended on the driver's connection as
-    ``transaction.atomic(savepoint=False)`` does it there (``BEGIN``, with the connection's
-    ``transaction_mode``; ``COMMIT``, or ``ROLLBACK`` on any error, the commit's included; errors
-    wrapped as Django's), without its bookkeeping (autocommit switched off and on, ``on_commit``
-    hooks, the atomic block's state). For a :class:`Batch` of the durable layer's own statements
-    only: nothing inside it may use the ORM or register ``on_commit`` (the caller checks that no
-    step does, and that no transaction is open). ``wait=False``: see :func:`_sqlite_no_wait`."""
-    with _sqlite_no_wait(conn) if not wait else nullcontext():
-        _ready(conn)
-        raw = conn.connection
-        mode = getattr(conn, "transaction_mode", None)
-        with conn.wrap_database_errors:
-            raw.execute("BEGIN" if mode is None else f"BEGIN {mode}")
-        try:
-            yield
-            with conn.wrap_database_errors:
-                raw.commit()
-        except BaseException:
-            if raw.in_transaction:
-                with conn.wrap_database_errors:
-                    raw.rollback()
-            raise
 
 
 @contextmanager
