@@ -43,7 +43,7 @@ RQ_SUITE_RUN = $(PY) -m pytest -q -p no:cacheprovider --junitxml=$(RESULTS)/rq-s
 VERSIONS = $(PY) -c "import django, sys; print('main cell: Python', sys.version.split()[0], 'Django', django.__version__)"
 MIGRATIONS_CHECK = $(PY) -m django makemigrations --check --dry-run --settings=tests.settings nexo_django
 COVERAGE_REPORT = $(PY) -m coverage report --sort=cover --skip-covered | tail -n 12
-PREPARED_TESTS := tests/durable/test_sql.py tests/durable/test_run_queries.py tests/durable/test_runs.py \
+PREPARED_TESTS := tests/durable/test_sql.py tests/durable/test_driver.py tests/durable/test_run_queries.py tests/durable/test_runs.py \
   tests/durable/test_concurrency.py tests/test_storable.py tests/admin/test_admin_decision.py
 
 # The whole suite on SQLite, then the durable tests again on a PostgreSQL the script starts.

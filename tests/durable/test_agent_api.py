@@ -110,3 +110,17 @@ def test_a_configuration_error_names_the_method_that_was_called(method: str, tmp
     assert str(info.value).startswith(f"Scribe.{method}(...): ")
     assert "pass cwd=" in str(info.value)
     assert not AgentRun.objects.exists()
+
+
+def test_an_agent_built_after_nexo_changes_reads_the_new_settings(tmp_path: Path) -> None:
+    """The settings an agent is built from are read once (issue 34), and again once NEXO changes."""
+    from django.test import override_settings
+
+    before = Scribe(cwd=tmp_path)
+    assert before.limits.read_max_bytes == 256 * 1024
+    with override_settings(NEXO={"LIMITS": {"read_max_bytes": 1000}, "PROTECTED_NAMES": ["*.secret"]}):
+        inside = Scribe(cwd=tmp_path)
+        assert inside.limits.read_max_bytes == 1000
+        assert inside.workspace.protected == ("*.secret",)
+    after = Scribe(cwd=tmp_path)
+    assert after.limits.read_max_bytes == 256 * 1024 and after.workspace.protected == before.workspace.protected

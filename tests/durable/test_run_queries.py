@@ -118,14 +118,15 @@ def test_scripted_approval_cycle_runs_prepared_statements_only() -> None:
     ran = [q["sql"] for q in start.captured_queries + cycle.captured_queries]
     work = [s for s in ran if s.split(None, 1)[0].upper() not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")]
     # start: the run, its messages, events and pending call (the run object is kept current, not
-    # read back); decision: the call, the decision, its event, the wake-up, the new generation;
+    # read back); decision: the call, the decision, its event, the wake-up (which returns the new
+    # generation: UPDATE ... RETURNING);
     # resume: the run, messages and calls read, then three transactions of three statements each.
     # On PostgreSQL each of those transactions is one statement (nexo_django.durable.sql.Batch), the
     # decision is one, and the resume reads the run with its messages.
     if connection.vendor == "postgresql":
         assert len(work) == 1 + 1 + 2 + 3
     else:
-        assert len(work) == 4 + 5 + 3 + 9
+        assert len(work) == 4 + 4 + 3 + 9
     unprepared = [s for s in work if not any(_same(s, p) for p in prepared)]
     assert unprepared == []
 

@@ -60,6 +60,19 @@ class Limits:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> Limits:
+        """The limits ``values`` (``NEXO["LIMITS"]``) set; the same (immutable) object for a
+        mapping of the same text as one seen before (every agent reads them when it is built)."""
+        key = (cls, repr(values) if values else "")
+        found = _from_mapping.get(key)
+        if found is None:
+            found = cls._from_mapping(values)
+            if len(_from_mapping) >= 16:
+                _from_mapping.clear()
+            _from_mapping[key] = found
+        return found
+
+    @classmethod
+    def _from_mapping(cls, values: Mapping[str, Any] | None) -> Limits:
         if not values:
             return cls()
         known = set(cls.__dataclass_fields__)
@@ -71,6 +84,9 @@ class Limits:
             if key in data:
                 data[key] = tuple(data[key])
         return cls(**data)
+
+
+_from_mapping: dict[tuple[type[Limits], str], Limits] = {}
 
 
 @dataclass

@@ -19,8 +19,28 @@ from .netguard import AllowList, FetchRefused
 SHELL_KEYS = ("BWRAP", "CONFINE", "GID", "NETWORK", "READ", "UID")
 
 
+#: policies built, by the text of their setting and their limits (each agent builds its own from
+#: the same settings: three times per approval cycle); a few kept, emptied when full
+_built: dict[tuple[str, int], tuple[Limits, ShellPolicy]] = {}
+BUILT_KEPT = 16
+
+
 def shell_policy(setting: Any, limits: Limits) -> ShellPolicy:
-    """The policy for ``setting`` (``NEXO["SHELL"]``); ``ConfigurationError`` naming the fix."""
+    """The policy for ``setting`` (``NEXO["SHELL"]``); ``ConfigurationError`` naming the fix.
+    A setting whose text (``repr``: types told apart, a changed list seen) and limits object were
+    seen before gets the policy built then (immutable, as the limits are)."""
+    key = (repr(setting), id(limits))
+    found = _built.get(key)
+    if found is not None and found[0] is limits:
+        return found[1]
+    policy = _build(setting, limits)
+    if len(_built) >= BUILT_KEPT:
+        _built.clear()
+    _built[key] = (limits, policy)  # the limits kept too: their id is not reused meanwhile
+    return policy
+
+
+def _build(setting: Any, limits: Limits) -> ShellPolicy:
     if not isinstance(setting, Mapping):
         raise ConfigurationError('NEXO["SHELL"] must be a dict such as {"CONFINE": True, "NETWORK": [], "READ": []}')
     unknown = sorted(set(setting) - set(SHELL_KEYS))

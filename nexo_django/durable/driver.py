@@ -1,0 +1,136 @@
+"""The durable layer's statements straight to the database driver (issue 34).
+
+Django's cursor costs each statement its layers: a wrapper object, the execute-wrapper chain, on
+SQLite a regex that turns ``%s`` into ``?`` on every execution; each transaction ``atomic``'s
+bookkeeping (autocommit off and on, ``on_commit`` hooks); each row read ``Model.__init__``'s
+generic loop. :mod:`.sql` uses what is here when nothing can tell the difference: no execute
+wrapper and no query logging on the connection (``CaptureQueriesContext``, ``DEBUG`` and the
+benchmarks' counting install one, and then get Django's path: the same statements), no receiver
+of the model's init signals. The checks Django's cursor makes are made here too (health check,
+connection, async context, thread, broken transaction) and errors are wrapped as Django's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, cast
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Model
+from django.db.models.base import ModelState
+from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
+from django.db.models.query_utils import DeferredAttribute
+from django.db.models.signals import post_init, pre_init
+
+#: a statement's SQL in sqlite3's own parameter style (``?``), converted once
+_qmark: dict[str, str] = {}
+#: Django's conversion (``django.db.backends.sqlite3.base.FORMAT_QMARK_REGEX``)
+_FORMAT = re.compile(r"(?<!%)%s")
+
+
+def execute_sqlite(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: bool) -> Any:
+    """What Django's cursor does for a statement (the async check and the connection, the broken
+    transaction check, its errors wrapped as Django's), without its layers: the wrapper objects,
+    the execute-wrapper chain and the regex that converts ``%s`` to ``?`` on every execution (the
+    same conversion, done once per statement here)."""
+    native = _qmark.get(sql)
+    if native is None:
+        native = _qmark[sql] = _FORMAT.sub("?", sql).replace("%%", "%")
+    ready(conn)
+    try:
+        conn.validate_no_broken_transaction()
+        with conn.wrap_database_errors:
+            cursor = conn.connection.execute(native, params)
+            return cursor.fetchall() if fetch else cursor.rowcount
+    except Exception as exc:
+        if conn.in_atomic_block:
+            conn.needs_rollback = True
+            conn.rollback_exc = exc  # type: ignore[attr-defined]
+        raise
+
+
+def ready(conn: BaseDatabaseWrapper) -> None:
+    """What Django's ``connection.cursor()`` checks first: the health check (``CONN_HEALTH_CHECKS``),
+    the connection (opened if need be; refused in an async context), its thread."""
+    conn.close_if_health_check_failed()
+    conn.ensure_connection()
+    conn.validate_thread_sharing()
+
+
+def execute_driver(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: bool) -> Any:
+    """:func:`execute_sqlite` for PostgreSQL: the backend's own cursor (``create_cursor``: the
+    driver's, with the connection's binding and time zone), without Django's wrapper around it."""
+    ready(conn)
+    try:
+        conn.validate_no_broken_transaction()
+        with conn.wrap_database_errors, conn.create_cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if fetch else cursor.rowcount
+    except Exception as exc:
+        if conn.in_atomic_block:
+            conn.needs_rollback = True
+            conn.rollback_exc = exc  # type: ignore[attr-defined]
+        raise
+
+
+#: model -> the attribute names of its concrete fields, if its instances can be built without
+#: ``Model.__init__`` (see :func:`_from_db`), else None
+_plain: dict[type[Model], tuple[str, ...] | None] = {}
+
+
+def from_db[M: Model](model: type[M], alias: str, values: list[Any]) -> M:
+    """``model.from_db(alias, None, values)`` for a whole row: what ``Model.__init__`` does with
+    one value per concrete field (each stored as the instance's attribute, ``_state`` set), without
+    its generic loop, when nothing can tell the difference: the model's own ``__init__`` and
+    ``from_db`` are Django's, no ``pre_init``/``post_init`` receiver listens, and every field's
+    attribute is a plain deferred one (whose ``__set__``, if any, only stores the value)."""
+    names = _plain.get(model, ())
+    if names == ():
+        names = _plain[model] = plain_names(model)
+    if names is None or pre_init.has_listeners(model) or post_init.has_listeners(model):
+        return cast("M", model.from_db(alias, None, values))  # type: ignore[arg-type]
+    obj = model.__new__(model)
+    state = ModelState()
+    state.adding, state.db = False, alias
+    attributes = obj.__dict__
+    attributes["_state"] = state
+    attributes.update(zip(names, values, strict=True))
+    return obj
+
+
+def plain_names(model: type[Model]) -> tuple[str, ...] | None:
+    if model.__init__ is not Model.__init__ or model.from_db.__func__ is not Model.from_db.__func__:  # type: ignore[attr-defined]
+        return None
+    names = []
+    for field in model._meta.concrete_fields:
+        if type(getattr(model, field.attname, None)) not in (DeferredAttribute, ForeignKeyDeferredAttribute):
+            return None
+        names.append(field.attname)
+    return tuple(names)
+
+
+@contextmanager
+def sqlite_transaction(conn: BaseDatabaseWrapper) -> Iterator[None]:
+    """A transaction of its own on SQLite, begun and ended on the driver's connection as
+    ``transaction.atomic(savepoint=False)`` does it there (``BEGIN``, with the connection's
+    ``transaction_mode``; ``COMMIT``, or ``ROLLBACK`` on any error, the commit's included; errors
+    wrapped as Django's), without its bookkeeping (autocommit switched off and on, ``on_commit``
+    hooks, the atomic block's state). For a batch of the durable layer's own statements only
+    (``nexo_django.durable.sql.Batch``): nothing inside it may use the ORM or register
+    ``on_commit`` (the caller checks that no step does, and that no transaction is open)."""
+    ready(conn)
+    raw = conn.connection
+    mode = getattr(conn, "transaction_mode", None)
+    with conn.wrap_database_errors:
+        raw.execute("BEGIN" if mode is None else f"BEGIN {mode}")
+    try:
+        yield
+        with conn.wrap_database_errors:
+            raw.commit()
+    except BaseException:
+        if raw.in_transaction:
+            with conn.wrap_database_errors:
+                raw.rollback()
+        raise
