@@ -24,8 +24,10 @@ from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttrib
 from django.db.models.query_utils import DeferredAttribute
 from django.db.models.signals import post_init, pre_init
 
-#: a statement's SQL in sqlite3's own parameter style (``?``), converted once
+#: a statement's SQL in sqlite3's own parameter style (``?``), converted once; at most
+#: ``QMARK_MAX`` of them (statements with lists of any length are many: past it, converted each time)
 _qmark: dict[str, str] = {}
+QMARK_MAX = 512
 #: Django's conversion (``django.db.backends.sqlite3.base.FORMAT_QMARK_REGEX``)
 _FORMAT = re.compile(r"(?<!%)%s")
 
@@ -37,7 +39,9 @@ def execute_sqlite(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], f
     same conversion, done once per statement here)."""
     native = _qmark.get(sql)
     if native is None:
-        native = _qmark[sql] = _FORMAT.sub("?", sql).replace("%%", "%")
+        native = _FORMAT.sub("?", sql).replace("%%", "%")
+        if len(_qmark) < QMARK_MAX:
+            _qmark[sql] = native
     ready(conn)
     try:
         conn.validate_no_broken_transaction()
