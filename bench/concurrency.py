@@ -43,6 +43,11 @@ from bench.common import REPO_ROOT, figure, note, postgres_url, scratch, setup_d
 GIB = 1024**3
 TIMEOUT = 300.0
 APP_NAME = "nexo-bench-worker"
+#: the interpreter, in every figure line: the targets hold on 3.12 and 3.13 alike (issue 34)
+PYTHON = ".".join(map(str, sys.version_info[:2]))
+CPU_TARGET_MS = 4.0
+IN_FLIGHT_TARGET = 0.96  # 480 of 500
+RATIO_TARGET = 2.0
 
 
 # --- the slow model --------------------------------------------------------------------------------
@@ -455,18 +460,30 @@ def main() -> None:
         setup_django(postgres_url(), redis_url=redis_server.url)
         note(f"nexo: one concurrent worker, {args.runs} runs, pool of {args.pool}")
         nexo = nexo_concurrent(server, redis_server.url, args.runs, args.pool)
-        print_side("nexo_concurrent_worker", nexo, 1, runs_running_peak=nexo["running"], pool=args.pool,
+        print_side("nexo_concurrent_worker", nexo, 1, python=PYTHON, runs_running_peak=nexo["running"], pool=args.pool,
                    pg_connections=nexo["db_connections"], send_s=nexo["send_s"], ramp_s=nexo["ramp_s"])  # fmt: skip
         if "peer" not in args.skip:
             note(f"peer: the OpenAI Agents SDK, {args.runs} Runner.run under asyncio.gather")
             other = peer(server, args.runs)
-            print_side("openai_agents_gather", other, 1, gather_s=other["gather_s"], ramp_s=other["ramp_s"])
-            figure("concurrency_vs_peer", runs=args.runs, runs_per_s_ratio=nexo["runs_per_s"] / other["runs_per_s"],
+            print_side("openai_agents_gather", other, 1, python=PYTHON, gather_s=other["gather_s"], ramp_s=other["ramp_s"])
+            ratio = nexo["runs_per_s"] / other["runs_per_s"]
+            figure("concurrency_vs_peer", runs=args.runs, python=PYTHON, nexo_runs_per_s=nexo["runs_per_s"],
+                   peer_runs_per_s=other["runs_per_s"], runs_per_s_ratio=ratio,
                    per_gib_ratio=(nexo["in_flight"] / nexo["pss"]) / (other["in_flight"] / other["pss"]))  # fmt: skip
+        else:
+            ratio = None
+        # Issue 34's targets for one process at --delay 1 and 500 runs (PostgreSQL): at most 4 ms of
+        # CPU a run, at least 480 model requests open at once, at least twice the peer's runs/s.
+        figure("concurrency_target", runs=args.runs, python=PYTHON, cpu_ms_per_run=nexo["cpu_ms_per_run"],
+               cpu_target_ms=CPU_TARGET_MS, runs_in_flight=nexo["in_flight"],
+               in_flight_target=round(args.runs * IN_FLIGHT_TARGET), runs_per_s_ratio=ratio if ratio is not None else "-",
+               ratio_target=RATIO_TARGET,
+               met="yes" if (nexo["cpu_ms_per_run"] <= CPU_TARGET_MS and nexo["in_flight"] >= args.runs * IN_FLIGHT_TARGET
+                             and ratio is not None and ratio >= RATIO_TARGET) else "no")  # fmt: skip
         if "simple" not in args.skip:
             note(f"nexo today: {args.simple_workers} SimpleWorker processes, {args.simple_runs} runs")
             simple = nexo_simple(server, redis_server.url, args.simple_workers, args.simple_runs)
-            print_side("nexo_simple_workers", simple, args.simple_workers, runs_running_peak=simple["running"],
+            print_side("nexo_simple_workers", simple, args.simple_workers, python=PYTHON, runs_running_peak=simple["running"],
                        pg_connections=simple["db_connections"])  # fmt: skip
 
 

@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from redis import BlockingConnectionPool, ConnectionPool, Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 from rq.exceptions import StopRequested
 from rq.executions import Execution
-from rq.job import JobStatus
+from rq.job import Job as RqJob
+from rq.job import JobStatus, _job_stack
 from rq.timeouts import BaseDeathPenalty
-from rq.utils import as_text, now
+from rq.utils import as_text, now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
 from ..core.llm import http
@@ -155,6 +156,54 @@ class ThreadDeathPenalty(BaseDeathPenalty):
             self._key = None
 
 
+# --- the end of a job, recorded with others' ------------------------------------------------------
+
+
+def _perform_persisted(job: RqJob) -> Any:
+    """rq's ``Job.perform`` for a job whose key was persisted with its start (``_start_together``):
+    the same, less that round trip in the job's thread."""
+    _job_stack.push(job)
+    try:
+        job._result = job._execute()
+    finally:
+        assert job is _job_stack.pop()
+    return job._result
+
+
+def _run_job_success(job: RqJob, result_ttl: int, *, pipeline: Any, **result: Any) -> None:
+    """rq's ``Job._handle_success`` for a run's job (``dispatch.JOB_FUNC``), whose function never
+    changes its rq job: of the job's hash, only the fields its run changed are written (its
+    status, start, end, last beat, worker), not the whole hash again (``Job.save``: about 30
+    fields, its data compressed again), which was most of the CPU of recording a job's end."""
+    from rq.results import Result
+
+    job.set_status(JobStatus.FINISHED, pipeline=pipeline)
+    pipeline.hset(job.key, mapping={
+        "started_at": utcformat(job.started_at) if job.started_at else "",
+        "ended_at": utcformat(job.ended_at) if job.ended_at else "",
+        "last_heartbeat": utcformat(job.last_heartbeat) if job.last_heartbeat else "",
+        "worker_name": job.worker_name or "",
+    })  # fmt: skip
+    Result.create(job, Result.Type.SUCCESSFUL, return_value=job._result, ttl=result_ttl, pipeline=pipeline, **result)
+    job.finished_job_registry.add(job, result_ttl, pipeline)
+
+
+class _End:
+    """A job ended well, handed to the thread that records ends together; ``done`` is set once
+    it is recorded, or ``own`` says its thread records it itself, as rq does."""
+
+    __slots__ = ("beat", "done", "execution", "job", "own", "result_ttl")
+
+    def __init__(self, job: Job, execution: Execution | None, result_ttl: int, beat: int | None) -> None:
+        self.job = job
+        self.execution = execution
+        self.result_ttl = result_ttl
+        self.beat = beat
+        self.own = False
+        self.done = threading.Lock()
+        self.done.acquire()
+
+
 # --- the worker ----------------------------------------------------------------------------------
 
 
@@ -195,6 +244,9 @@ class ConcurrentWorker(SimpleWorker):
         self._prefetched: collections.deque[tuple[Job, Queue]] = collections.deque()
         #: job id -> its execution, for the jobs whose start rq's bookkeeping has recorded already
         self._started_together: dict[str, Execution] = {}
+        #: jobs ended well, waiting for the thread that records their ends together (_end_together)
+        self._ends: queues.SimpleQueue[_End | None] = queues.SimpleQueue()
+        self._ends_thread: threading.Thread | None = None
         super().__init__(*args, **kwargs)
         self._bound_redis_connections()
         http.set_max_connections(max(50, concurrency))
@@ -354,6 +406,7 @@ class ConcurrentWorker(SimpleWorker):
                     job.heartbeat(now(), ttl, pipeline=pipe)
                     job.prepare_for_execution(self.name, pipeline=pipe)
                     pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+                    pipe.persist(job.key)  # what rq's Job.perform does first, in the job's thread
                 self.set_current_job_id(jobs[-1][0].id, pipeline=pipe)
                 self.set_current_job_working_time(0, pipeline=pipe)
                 self.set_state(WorkerStatus.BUSY, pipeline=pipe)
@@ -363,6 +416,9 @@ class ConcurrentWorker(SimpleWorker):
             log.warning("worker %s: could not record the start of %d jobs at once", self.name, len(jobs), exc_info=True)
             return
         self._started_together.update(executions)
+        for job, _queue in jobs:
+            if type(job).perform is RqJob.perform:  # its key is persisted: its thread need not
+                job.perform = _perform_persisted.__get__(job)  # type: ignore[method-assign]
 
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
         if self._started_together.pop(job.id, None) is not None:
@@ -380,6 +436,8 @@ class ConcurrentWorker(SimpleWorker):
                     if execution is not None:  # out of the started registry, queued again
                         execution.delete(job=job, pipeline=pipe)
                         job.set_status(JobStatus.QUEUED, pipeline=pipe)
+                        if job.ttl:  # its key was persisted with its start: a queued job's TTL again
+                            pipe.expire(job.key, job.ttl)
                     else:
                         pipe.lrem(queue.intermediate_queue_key, 1, job.id)
                     queue.push_job_id(job.id, pipeline=pipe, at_front=True)
@@ -428,6 +486,9 @@ class ConcurrentWorker(SimpleWorker):
         with self._lock:
             while len(self._threads) < self.concurrency:
                 self._start_thread()
+            if self._ends_thread is None or not self._ends_thread.is_alive():
+                self._ends_thread = threading.Thread(target=self._record_ends, daemon=True, name="nexo-job-ends")
+                self._ends_thread.start()
 
     def _start_thread(self) -> None:
         thread = threading.Thread(target=self._serve, daemon=True, name=f"nexo-run-{len(self._threads)}")
@@ -468,6 +529,127 @@ class ConcurrentWorker(SimpleWorker):
                     self._stopped_jobs.discard(job.id)
                     self._done.notify_all()
                 self._slots.release()
+
+    # --- the end of a job ------------------------------------------------------------------------
+
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        # rq beats the job (one round trip) when it ends, before its success or failure is written:
+        # after a success with no callback to run, that beat goes with the success's record.
+        if sys.exc_info()[0] is None and job.success_callback is None:
+            job.ended_at = job.last_heartbeat = now()
+            self._local.beat = heartbeat_ttl
+            return
+        self._local.beat = None
+        super().handle_execution_ended(job, queue, heartbeat_ttl)
+
+    def _beat_now(self, job: Job) -> int | None:
+        """Send the job's end beat put off by ``handle_execution_ended``, if any; its TTL."""
+        beat: int | None = getattr(self._local, "beat", None)
+        self._local.beat = None
+        if beat is not None:
+            job.heartbeat(job.last_heartbeat or now(), beat)
+        return beat
+
+    def handle_job_retry(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> None:
+        self._beat_now(job)
+        super().handle_job_retry(job, queue, *args, **kwargs)
+
+    def handle_job_success(self, job: Job, queue: Queue, started_job_registry: Any) -> None:
+        """rq's record of a job's success (its dependents enqueued, its result, the finished
+        registry, out of the started one, the worker's counts), made for the jobs that end at the
+        same moment in one transaction by one thread (``_record_ends``) rather than in four round
+        trips by each job's thread (its end beat; WATCH, the dependents, MULTI/EXEC). A job with
+        dependents to enqueue, to repeat, or whose result is not kept is recorded by its own
+        thread, by rq's code, as is every job when that thread is not running."""
+        beat: int | None = getattr(self._local, "beat", None)
+        self._local.beat = None
+        result_ttl = job.get_result_ttl(self.default_result_ttl)
+        ends = self._ends_thread
+        if result_ttl != 0 and not job.repeats_left and ends is not None and ends.is_alive():
+            end = _End(job, self.execution, result_ttl, beat)
+            self._ends.put(end)
+            end.done.acquire()  # released once it is recorded, or handed back
+            if not end.own:
+                self.execution = None
+                time_taken = job.ended_at - job.started_at  # type: ignore[operator]
+                if self.log_job_description:
+                    self.log.info("Successfully completed %s job in %ss on worker %s", job.description, time_taken, self.name)
+                else:
+                    self.log.info("Successfully completed job %s in %ss on worker %s", job.id, time_taken, self.name)
+                return
+        if beat is not None:
+            job.heartbeat(job.last_heartbeat or now(), beat)
+        super().handle_job_success(job, queue, started_job_registry)
+
+    def _record_ends(self) -> None:
+        """The thread that records the jobs' successes: all those waiting, in one transaction."""
+        while True:
+            end = self._ends.get()
+            if end is None:
+                return
+            batch = [end]
+            stop = False
+            while len(batch) < PREFETCH:
+                try:
+                    more = self._ends.get_nowait()
+                except queues.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            try:
+                self._end_together(batch)
+            except Exception:  # Redis unreachable, or a job that cannot be saved: each thread tries, as rq
+                log.warning("worker %s: could not record the end of %d jobs at once", self.name, len(batch), exc_info=True)
+                for end in batch:
+                    end.own = True
+            finally:
+                for end in batch:
+                    end.done.release()
+            if stop:
+                return
+
+    def _end_together(self, batch: list[_End]) -> None:
+        """What rq's ``handle_job_success`` writes, for every job of ``batch`` in one MULTI/EXEC,
+        under the WATCH of their dependents' sets (as rq's: a dependent added meanwhile makes it
+        start again); a job that has dependents is marked ``own``, for its thread to record."""
+        keys = [end.job.dependents_key for end in batch]
+        with self.connection.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(*keys)
+                    with self.connection.pipeline(transaction=False) as reads:
+                        for key in keys:
+                            reads.scard(key)
+                        counts = reads.execute()
+                    pipe.multi()
+                    for end, dependents in zip(batch, counts, strict=True):
+                        end.own = bool(dependents)
+                        if end.own:
+                            continue
+                        job = end.job
+                        run_job = job.func_name == dispatch.JOB_FUNC
+                        if end.beat is not None and not run_job:
+                            job.heartbeat(job.last_heartbeat or now(), end.beat, pipeline=pipe)
+                        self.increment_successful_job_count(pipeline=pipe)
+                        self.increment_total_working_time(job.ended_at - job.started_at, pipe)  # type: ignore[operator]
+                        execution = end.execution
+                        success = _run_job_success if run_job else type(job)._handle_success
+                        success(
+                            job, end.result_ttl, pipeline=pipe, worker_name=self.name,
+                            execution_id=execution.id if execution else None,
+                            execution_started_at=execution.created_at if execution else None,
+                            execution_ended_at=job.ended_at,
+                        )  # fmt: skip
+                        job.cleanup(end.result_ttl, pipeline=pipe, remove_from_queue=False)
+                        if execution is not None:
+                            execution.delete(job=job, pipeline=pipe)
+                    self.set_current_job_id(None, pipeline=pipe)
+                    pipe.execute()
+                    return
+                except WatchError:
+                    continue
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         # rq beats before and after every job it takes; taking hundreds a second, once a second is
@@ -571,7 +753,7 @@ class ConcurrentWorker(SimpleWorker):
             if not left:
                 # Each thread was told to end: wait for it, and forget it, so that work() called
                 # again starts threads anew (counted and not running, they took jobs for ever).
-                for thread in self._threads:
+                for thread in [*self._threads, *([self._ends_thread] if self._ends_thread else [])]:
                     thread.join(BUSY_HEARTBEAT)
                 with self._lock:
                     self._threads = [thread for thread in self._threads if thread.is_alive()]
@@ -601,4 +783,5 @@ class ConcurrentWorker(SimpleWorker):
             if not left:
                 for _ in self._threads:
                     self._tasks.put(None)
+                self._ends.put(None)
         return left

@@ -48,6 +48,7 @@ def test_one_process_carries_many_runs_at_once_and_each_finishes_once_scripted(
     rq_worker: Any, counter: Path
 ) -> None:
     from rq import Worker
+    from rq.job import Job
 
     workers = rq_worker(1, concurrency=20)
     runs = [Brisk.run_later(f"brisk {i}") for i in range(20)]
@@ -64,6 +65,15 @@ def test_one_process_carries_many_runs_at_once_and_each_finishes_once_scripted(
     # rq's own bookkeeping: every job finished, the worker listed as rq lists any worker.
     queue = dispatch.get_queue()
     assert queue.finished_job_registry.count == 20 and queue.failed_job_registry.count == 0
+    assert queue.started_job_registry.count == 0
+    # Each job's end as rq records a success (written for the jobs ending together at once, the
+    # job's hash only where its run changed it): its data, its result, its times, its worker.
+    jobs = [Job.fetch(job_id, connection=queue.connection) for job_id in queue.finished_job_registry.get_job_ids()]
+    assert sorted(str(job.args[0]) for job in jobs) == sorted(str(r.pk) for r in runs)
+    for job in jobs:
+        assert job.get_status() == "finished" and job.return_value() == RunStatus.DONE
+        assert job.func_name == dispatch.JOB_FUNC and job.worker_name == workers.names[0]
+        assert job.started_at is not None and job.ended_at is not None and job.started_at <= job.ended_at
     assert [w.name for w in Worker.all(queue=queue)] == workers.names
     assert workers.alive() == [True]
 

@@ -371,6 +371,66 @@ def test_a_burst_waits_for_the_dependents_and_retries_its_jobs_enqueue(redis: An
     assert queue.count == 0 and queue.finished_job_registry.count == 3
 
 
+def _upper(item: str) -> str:
+    """A job returning its item in capitals."""
+    return item.upper()
+
+
+def test_jobs_ending_together_are_recorded_in_one_transaction_each_as_rq_records_a_success(
+    redis: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The end of a job (its success, its result, the finished registry, out of the started one,
+    the worker's counts) is written for the jobs ending at the same moment in one MULTI/EXEC by
+    one thread, not in four round trips by each; a job with dependents is recorded by its own
+    thread, as rq does (test_a_burst_waits_for_the_dependents_and_retries_its_jobs_enqueue)."""
+    from redis.client import Pipeline
+
+    queue = Queue("parts-ends", connection=redis)
+    queue.empty()
+    ids = [queue.enqueue_call(func=_upper, args=(f"item {i}",), result_ttl=600).id for i in range(5)]
+    worker = ConcurrentWorker([queue], connection=redis, concurrency=8)
+    # The thread that records the ends waits, once, until the five are all waiting for it.
+    record = worker._end_together
+    first = threading.Event()
+
+    def held(batch: list[Any]) -> None:
+        if not first.is_set():
+            first.set()
+            deadline = time.monotonic() + 10
+            while len(batch) + worker._ends.qsize() < 5 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            while worker._ends.qsize():  # what the thread would take next time, taken now
+                batch.append(worker._ends.get_nowait())
+        record(batch)
+
+    monkeypatch.setattr(worker, "_end_together", held)
+    results: list[int] = []
+    execute = Pipeline.execute
+
+    def recording(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+        if pipe.transaction:
+            results.append(sum(str(command[0][0]) == "XADD" for command in pipe.command_stack))
+        return execute(pipe, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "execute", recording)
+    worker.work(burst=True)
+    monkeypatch.undo()
+    assert max(results) == 5, results  # the five ends in one transaction
+    assert sum(results) == 5  # every job's result written once
+    for i, job_id in enumerate(ids):
+        job = Job.fetch(job_id, connection=redis)
+        assert job.get_status() == "finished" and job.return_value() == f"ITEM {i}"
+        assert job.args == (f"item {i}",) and job.worker_name == worker.name
+        assert job.started_at is not None and job.ended_at is not None and job.started_at <= job.ended_at
+        assert 0 < redis.ttl(job.key) <= 600  # rq's cleanup: kept for its result_ttl
+    finished = set(queue.finished_job_registry.get_job_ids())
+    assert finished == set(ids)
+    assert queue.started_job_registry.count == 0
+    assert not [key for job_id in ids for key in redis.keys(f"rq:execution:{job_id}:*")]  # executions deleted
+    assert int(redis.hget(worker.key, "successful_job_count") or 0) == 5
+    queue.empty()
+
+
 @pytest.mark.timeout(60)
 def test_rqs_stop_job_command_stops_that_job_and_no_other(redis: Any) -> None:
     """rq's ``stop-job`` reaches the job's own thread: that job is stopped (rq's "stopped", in its
