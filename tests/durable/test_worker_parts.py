@@ -265,25 +265,45 @@ def test_threads_share_a_bounded_pool_of_redis_connections(redis_server: Any) ->
 
     from nexo_django.durable.worker import REDIS_CONNECTIONS
 
-    def at_once(client: Any, threads: int) -> list[BaseException]:
+    watcher = Redis.from_url(redis_server.url)
+
+    def blocked() -> int:
+        return int(watcher.info("clients")["blocked_clients"])
+
+    def at_once(client: Any, threads: int, holding: int) -> list[BaseException]:
+        """``threads`` threads each wait on an empty list through ``client``, all at once (a
+        barrier); once ``holding`` of them hold a connection, the list is filled and they end."""
         errors: list[BaseException] = []
+        barrier = threading.Barrier(threads + 1)
 
         def hold() -> None:
+            barrier.wait(30)
             try:
-                client.blpop(["parts-nothing"], timeout=0.3)  # holds its connection 0.3 s
+                client.blpop(["parts-nothing"], timeout=30)
             except BaseException as exc:
                 errors.append(exc)
 
         running = [threading.Thread(target=hold) for _ in range(threads)]
         for thread in running:
             thread.start()
+        barrier.wait(30)
+        deadline = time.monotonic() + 30
+        while blocked() < holding and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert blocked() == holding
+        if errors:  # those refused at once are refused by now: wait for each thread to be either
+            while blocked() + len(errors) < threads and time.monotonic() < deadline:
+                time.sleep(0.01)
+        watcher.rpush("parts-nothing", *range(threads))
         for thread in running:
             thread.join(30)
+        watcher.delete("parts-nothing")
         return errors
 
     plain = Redis.from_url(redis_server.url)
-    errors = at_once(plain, 150)
-    assert errors and all(isinstance(e, MaxConnectionsError) for e in errors)  # what happened before
+    errors = at_once(plain, 150, 100)  # redis-py's default pool: 100 connections at most
+    assert len(errors) == 50 and all(isinstance(e, MaxConnectionsError) for e in errors)  # what happened before
+    plain.connection_pool.disconnect()
     plain.close()
 
     client = Redis.from_url(redis_server.url)
@@ -294,9 +314,12 @@ def test_threads_share_a_bounded_pool_of_redis_connections(redis_server: Any) ->
     # the client it was given (other code may share it) and its queue are left as they were
     assert client.connection_pool is given_pool and given_queue.connection is client
     assert worker.connection is not client
-    assert at_once(worker.connection, 150) == []
+    assert at_once(worker.connection, 150, REDIS_CONNECTIONS) == []
     assert len(worker.connection.connection_pool._connections) <= REDIS_CONNECTIONS
+    worker.connection.connection_pool.disconnect()  # its own pool: close() leaves it open
     worker.connection.close()
+    client.close()
+    watcher.close()
 
 
 def test_the_worker_starts_its_threads_before_taking_a_job(redis: Any) -> None:
