@@ -34,6 +34,41 @@ class Rambler(Agent):
     sandbox = "virtual"
 
 
+class _Held(ScriptedModel):
+    """Scripted, streamed: after HELD_AFTER pieces, holds the rest until the file that
+    ``NEXO_TEST_MODEL_GATE`` names exists (``tests.durable_agents.model_gate``; at most a minute),
+    so that a page opened meanwhile is sure to open mid-turn, however slow the machine."""
+
+    def complete(self, messages: list[dict], tools: list[dict], **kwargs: Any) -> Any:
+        import os
+        import time
+
+        on_text = kwargs.pop("on_text", None)
+        gate = os.environ.get("NEXO_TEST_MODEL_GATE")
+        sent = 0
+
+        def held(index: int, piece: str) -> None:
+            nonlocal sent
+            sent += 1
+            deadline = time.monotonic() + 60
+            while sent > HELD_AFTER and gate and not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            on_text(index, piece)
+
+        return super().complete(messages, tools, on_text=held if on_text else None, **kwargs)
+
+
+#: Pieces a Holder sends before it waits for its gate.
+HELD_AFTER = 10
+
+
+class Holder(Agent):
+    """Scripted, streamed: Rambler's text, held after HELD_AFTER pieces until the test's gate opens."""
+
+    model = _Held([reply(STORY * 2)], stream=True, stream_delay=WORD)
+    sandbox = "virtual"
+
+
 class _Dropped(ScriptedModel):
     """Scripted: streams its turn's text, then fails as a provider that drops the connection."""
 
