@@ -16,7 +16,7 @@ from nexo_django.models import RunEvent, RunStatus
 from tests.browsing import session_cookie
 from tests.durable_agents import model_gate
 from tests.event_stream import WAIT, Stream
-from tests.live_agents import STORY, Holder
+from tests.live_agents import STORY, Rambler, open_turn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
@@ -27,7 +27,7 @@ def test_a_stream_opened_mid_turn_starts_with_the_text_so_far_and_follows_the_st
     ann = django_user_model.objects.create_user("ann")
     cookie = session_cookie(ann)
     gate = model_gate(tmp_path, monkeypatch)  # the model holds its text after HELD_AFTER pieces
-    run = Holder.run_later("Talk.", user=ann)  # queued: no worker yet
+    run = Rambler.run_later("Talk.", user=ann)  # queued: no worker yet
     url = f"{asgi_server.url}/runs/{run.pk}/stream/"
     first = Stream(url, cookie)
     first.start()
@@ -40,7 +40,7 @@ def test_a_stream_opened_mid_turn_starts_with_the_text_so_far_and_follows_the_st
     late = Stream(url, cookie)  # a page opened (or reloaded) now
     late.start()
     late.wait_for(lambda: bool(late.so_far))
-    gate.touch()  # the rest of the turn
+    open_turn(gate, 0)  # the rest of the turn
     late.join(WAIT)
     first.join(WAIT)
     assert first.ended and late.ended, (first.error, late.error)
