@@ -85,10 +85,10 @@ matrix: $(STAMP)
 # The steps run side by side, not one after another: the SQLite pass spends much of its time
 # waiting on servers, workers and browsers, and the PostgreSQL passes, the matrix, rq's worker
 # tests and the checks (lint, mypy) fill both cores meanwhile. Each of them writes its own log
-# in $(RESULTS), printed once it is over (all of it when it failed, its last lines when not).
+# in $(RESULTS), printed once it is over (all of it when it failed, its summary lines when not).
 # Nothing is shared between them: each pytest run starts its own Redis, PostgreSQL, test
 # databases and rq workers on free ports.
-SHOW = show() { if wait $$2; then tail -n $$3 $(RESULTS)/$$1.log; else cat $(RESULTS)/$$1.log; status=1; fi; }
+SHOW = show() { if wait $$2; then grep -E "$$3" $(RESULTS)/$$1.log; else cat $(RESULTS)/$$1.log; status=1; fi; }
 test: $(STAMP)
 	@rm -rf $(RESULTS); mkdir -p $(RESULTS)
 	@status=0; $(SHOW); \
@@ -101,7 +101,8 @@ test: $(STAMP)
 	  $(SQLITE_RUN) || status=1; \
 	  $(COVERAGE_REPORT); \
 	  echo "the checks, the PostgreSQL passes, the matrix and rq's worker tests ran beside it:"; \
-	  show checks $$checks 4; show postgres $$pg 8; show matrix $$matrix 3; show rq-suite $$rqsuite 3; \
+	  show checks $$checks 'All checks passed|^Contracts:|^Success:'; show postgres $$pg '^=+ .*(passed|failed)'; \
+	  show matrix $$matrix '^matrix '; show rq-suite $$rqsuite '(passed|failed)'; \
 	  echo; echo "every pytest run of make test:"; scripts/total $(RESULTS) || status=1; \
 	  exit $$status
 
