@@ -87,14 +87,15 @@ matrix: $(STAMP)
 # tests and the checks (lint, mypy) fill both cores meanwhile. Each of them writes its own log
 # in $(RESULTS), printed once it is over (all of it when it failed, its summary lines when not).
 # Nothing is shared between them: each pytest run starts its own Redis, PostgreSQL, test
-# databases and rq workers on free ports.
+# databases and rq workers on free ports. The checks and the matrix (no servers, no workers,
+# nothing timed) run niced: they take the cores the passes leave idle, not the passes' share.
 SHOW = show() { if wait $$2; then grep -E "$$3" $(RESULTS)/$$1.log; else cat $(RESULTS)/$$1.log; status=1; fi; }
 test: $(STAMP)
 	@rm -rf $(RESULTS); mkdir -p $(RESULTS)
 	@status=0; $(SHOW); \
-	  $(MAKE) --no-print-directory lint typecheck > $(RESULTS)/checks.log 2>&1 & checks=$$!; \
+	  nice -n 10 $(MAKE) --no-print-directory lint typecheck > $(RESULTS)/checks.log 2>&1 & checks=$$!; \
 	  $(MAKE) --no-print-directory postgres > $(RESULTS)/postgres.log 2>&1 & pg=$$!; \
-	  MATRIX_RESULTS=$(RESULTS) scripts/matrix > $(RESULTS)/matrix.log 2>&1 & matrix=$$!; \
+	  MATRIX_RESULTS=$(RESULTS) nice -n 10 scripts/matrix > $(RESULTS)/matrix.log 2>&1 & matrix=$$!; \
 	  $(if $(PYTEST_ARGS),true,$(RQ_SUITE_RUN)) > $(RESULTS)/rq-suite.log 2>&1 & rqsuite=$$!; \
 	  $(MIGRATIONS_CHECK) || status=1; \
 	  $(VERSIONS); \
