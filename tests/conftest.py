@@ -300,26 +300,37 @@ def _uvicorn(request: pytest.FixtureRequest, tmp_path: Path, extra: dict[str, st
 
         env["NEXO_TEST_RQ_QUEUES"] = _as_json("RQ_QUEUES", settings.RQ_QUEUES)
         env["NEXO_TEST_NEXO_SETTINGS"] = _as_json("NEXO", settings.NEXO)
-    port = free_port()
     log = tmp_path / "uvicorn.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-             "--log-level", "warning", "--lifespan", "off"],
-            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
+    # The port is free when chosen, but another process (a test of the other xdist process, of a
+    # pass running beside this one) can take it before uvicorn binds: then another port.
+    for attempt in range(5):
+        port = free_port()
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--host", "127.0.0.1", "--port",
+                 str(port), "--log-level", "warning", "--lifespan", "off"],
+                cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            )
+        url = f"http://127.0.0.1:{port}"
         for _ in range(200):  # 20 s at most
             if process.poll() is not None:
-                pytest.fail(f"uvicorn exited with {process.returncode}:\n{log.read_text()}", pytrace=False)
+                break
             try:
                 httpx.get(f"{url}/admin/login/", timeout=1.0)
-                break
             except httpx.TransportError:
                 time.sleep(0.1)
+                continue
+            if process.poll() is None:  # it answered and still runs
+                break
         else:
+            process.kill()
+            process.wait(timeout=10)
             pytest.fail(f"uvicorn did not answer on {url} within 20 s:\n{log.read_text()}", pytrace=False)
+        if process.poll() is None:
+            break
+        if "address already in use" not in log.read_text().lower() or attempt == 4:
+            pytest.fail(f"uvicorn exited with {process.returncode}:\n{log.read_text()}", pytrace=False)
+    try:
         yield AsgiServer(url, log)
     finally:
         process.terminate()
