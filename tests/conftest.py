@@ -35,11 +35,49 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+# The slowest files, slowest first (seconds per file on an idle run: SQLite, then PostgreSQL).
+# `make test` runs the suite in two processes, one file at a time each (`--dist loadfile`): a
+# process that takes a 35-second file last ends alone while the other idles. Started first, the
+# slow files spread over both processes and the many small ones even out the end. xdist's own
+# order (`--loadscope-reorder`, files with the most tests first) did the opposite: the
+# single-test files that take half a minute each came last; the Makefile turns it off.
+RUN_FIRST = (
+    "tests/durable/test_concurrent_worker.py",  # 55, 64
+    "tests/durable/test_workers.py",  # 49, 68
+    "tests/durable/test_restarts.py",  # 40
+    "tests/core/test_mcp.py",  # 38
+    "tests/durable/test_chaos.py",  # 35, one test
+    "tests/test_demo.py",  # 34
+    "tests/core/test_shell_confine.py",  # 32
+    "tests/test_infra.py",  # 30
+    "tests/test_browser_live_page.py",  # 27, one test
+    "tests/test_readme_tutorial.py",  # 24
+    "tests/test_live_status.py",  # 22, 15, one test
+    "tests/durable/test_queue_health.py",  # 20
+    "tests/core/test_shell_guard.py",  # 19
+    "tests/durable/test_workers_sigkill.py",  # 15, 17
+    "tests/admin/test_browser_inbox.py",  # 12
+    "tests/test_live_stream.py",  # 8, 11
+)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``postgresql_only`` tests test what only PostgreSQL has: deselected (not skipped) when the
+    """The files of RUN_FIRST first, in that order; every other test keeps its place (a stable
+    sort: within a file, the order pytest-django gave the tests stays).
+
+    ``postgresql_only`` tests test what only PostgreSQL has: deselected (not skipped) when the
     suite's database is another one, so the totals count only what ran."""
     from django.conf import settings
 
+    if gone := [path for path in RUN_FIRST if not (REPO_ROOT / path).is_file()]:
+        raise pytest.UsageError(f"tests/conftest.py RUN_FIRST names files that are gone: {gone}")
+    rank = {str(REPO_ROOT / path): i for i, path in enumerate(RUN_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        return rank.get(str(item.path), len(RUN_FIRST))
+
+    items.sort(key=key)
     if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
         return
     kept, left_out = [], []
@@ -262,26 +300,37 @@ def _uvicorn(request: pytest.FixtureRequest, tmp_path: Path, extra: dict[str, st
 
         env["NEXO_TEST_RQ_QUEUES"] = _as_json("RQ_QUEUES", settings.RQ_QUEUES)
         env["NEXO_TEST_NEXO_SETTINGS"] = _as_json("NEXO", settings.NEXO)
-    port = free_port()
     log = tmp_path / "uvicorn.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-             "--log-level", "warning", "--lifespan", "off"],
-            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
+    # The port is free when chosen, but another process (a test of the other xdist process, of a
+    # pass running beside this one) can take it before uvicorn binds: then another port.
+    for attempt in range(5):
+        port = free_port()
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--host", "127.0.0.1", "--port",
+                 str(port), "--log-level", "warning", "--lifespan", "off"],
+                cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            )
+        url = f"http://127.0.0.1:{port}"
         for _ in range(200):  # 20 s at most
             if process.poll() is not None:
-                pytest.fail(f"uvicorn exited with {process.returncode}:\n{log.read_text()}", pytrace=False)
+                break
             try:
                 httpx.get(f"{url}/admin/login/", timeout=1.0)
-                break
             except httpx.TransportError:
                 time.sleep(0.1)
+                continue
+            if process.poll() is None:  # it answered and still runs
+                break
         else:
+            process.kill()
+            process.wait(timeout=10)
             pytest.fail(f"uvicorn did not answer on {url} within 20 s:\n{log.read_text()}", pytrace=False)
+        if process.poll() is None:
+            break
+        if "address already in use" not in log.read_text().lower() or attempt == 4:
+            pytest.fail(f"uvicorn exited with {process.returncode}:\n{log.read_text()}", pytrace=False)
+    try:
         yield AsgiServer(url, log)
     finally:
         process.terminate()

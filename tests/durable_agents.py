@@ -160,18 +160,36 @@ class SlowSleeper(Agent):
 
 class SlowModel(ScriptedModel):
     """Scripted, counted, and slow: each request waits ``delay`` seconds before its answer, as a
-    real model's does (a run of the concurrent worker spends its life there)."""
+    real model's does (a run of the concurrent worker spends its life there).
+
+    With ``NEXO_TEST_MODEL_GATE`` naming a file (see ``model_gate``), each request first waits
+    until that file exists (at most a minute): a test holds every run inside its model request
+    for as long as it needs, where a fixed delay raced a loaded machine (the first runs were past
+    their request before the last had made theirs)."""
 
     def __init__(self, steps: list[Any], delay: float) -> None:
         super().__init__(steps)
         self.delay = delay
 
     def complete(self, messages: list[dict], tools: list[dict]) -> Any:
+        import os
         import time
 
         _count("model")
+        gate = os.environ.get("NEXO_TEST_MODEL_GATE")
+        deadline = time.monotonic() + 60
+        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.02)
         time.sleep(self.delay)
         return super().complete(messages, tools)
+
+
+def model_gate(tmp_path: Path, monkeypatch: Any) -> Path:
+    """A closed gate for SlowModel's requests, in the workers the test starts after this call:
+    ``.touch()`` opens it."""
+    gate = tmp_path / "model-gate"
+    monkeypatch.setenv("NEXO_TEST_MODEL_GATE", str(gate))
+    return gate
 
 
 class Patient(Agent):

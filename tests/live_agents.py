@@ -3,6 +3,7 @@ that a test sees each status while the text is being written, and reloads a page
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from nexo_django import Agent
@@ -18,11 +19,49 @@ ENDING = "And the person said yes, and the story ended here, one word at a time,
 WORD = 0.1
 
 
+class _Held(ScriptedModel):
+    """Scripted, streamed: with ``NEXO_TEST_MODEL_GATE`` set (``tests.durable_agents.model_gate``),
+    each turn sends HELD_AFTER pieces, then holds the rest until ``open_turn`` opens that turn (at
+    most a minute), so that a page looks, reloads or cancels mid-turn however slow the machine;
+    a fixed pace raced a loaded one (the text was over before the page came back). Without the
+    variable, it streams at its pace."""
+
+    def complete(self, messages: list[dict], tools: list[dict], **kwargs: Any) -> Any:
+        import os
+        import time
+
+        on_text = kwargs.pop("on_text", None)
+        gate = os.environ.get("NEXO_TEST_MODEL_GATE")
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        sent = 0
+
+        def held(index: int, piece: str) -> None:
+            nonlocal sent
+            sent += 1
+            deadline = time.monotonic() + 60
+            while gate and sent > HELD_AFTER and not os.path.exists(f"{gate}.{turn}") and time.monotonic() < deadline:
+                time.sleep(0.02)
+            on_text(index, piece)
+
+        return super().complete(messages, tools, on_text=held if on_text else None, **kwargs)
+
+
+#: Pieces a held turn sends before it waits for its gate.
+HELD_AFTER = 10
+
+
+def open_turn(gate: Path, turn: int) -> Path:
+    """Lets a held model's turn ``turn`` (0 for the first) send the rest of its text."""
+    opened = Path(f"{gate}.{turn}")
+    opened.touch()
+    return opened
+
+
 class Narrator(Agent):
     """Scripted, streamed: tells STORY and asks to write it (approve mode), then tells ENDING."""
 
-    model = ScriptedModel([[reply(STORY), tool_call("write", path="story.txt", content="story")], reply(ENDING)],
-                          stream=True, stream_delay=WORD)
+    model = _Held([[reply(STORY), tool_call("write", path="story.txt", content="story")], reply(ENDING)],
+                  stream=True, stream_delay=WORD)
     sandbox = "virtual"
     permissions = "approve"
 
@@ -30,7 +69,7 @@ class Narrator(Agent):
 class Rambler(Agent):
     """Scripted, streamed: talks for about six seconds (long enough to be cancelled meanwhile)."""
 
-    model = ScriptedModel([reply(STORY * 2)], stream=True, stream_delay=WORD)
+    model = _Held([reply(STORY * 2)], stream=True, stream_delay=WORD)
     sandbox = "virtual"
 
 

@@ -8,6 +8,7 @@ rqworker runs the runs and a real Redis keeps their text; scripted, streamed mod
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,8 @@ from django.contrib.auth.models import Permission
 
 from nexo_django.models import AgentRun, RunStatus
 from tests.browsing import log_in_with_session
-from tests.live_agents import ENDING, STORY, Narrator, Rambler, Stumbler
+from tests.durable_agents import model_gate
+from tests.live_agents import ENDING, STORY, Narrator, Rambler, Stumbler, open_turn
 
 pytestmark = [pytest.mark.browser, pytest.mark.durable, pytest.mark.django_db(transaction=True)]
 
@@ -52,7 +54,8 @@ class Badge:
 
 
 def test_the_badge_follows_the_run_and_a_reload_mid_answer_starts_with_the_text_so_far_scripted(
-    rq_worker: Any, asgi_server: Any, browser: Any, django_user_model: Any
+    rq_worker: Any, asgi_server: Any, browser: Any, django_user_model: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ann = django_user_model.objects.create_user("ann", is_staff=True)
     ann.user_permissions.add(Permission.objects.get(codename="decide_toolcall"))
@@ -63,6 +66,7 @@ def test_the_badge_follows_the_run_and_a_reload_mid_answer_starts_with_the_text_
     browser.get(f"{url}/runs/{run.pk}/")
     badge = Badge(browser)
     badge.until(lambda s, t: s == "queued", "queued")
+    gate = model_gate(tmp_path, monkeypatch)  # each turn holds its text after HELD_AFTER pieces
     rq_worker(worker_class="rq.worker.SimpleWorker")
 
     # Running while the answer streams (the claim is an event; the stream sends the status).
@@ -73,6 +77,7 @@ def test_the_badge_follows_the_run_and_a_reload_mid_answer_starts_with_the_text_
     status, _, text = badge.until(lambda s, t: bool(t), "text after the reload")
     assert status == "running"
     assert text.startswith(before) and STORY.startswith(text), (before, text)
+    first_turn = open_turn(gate, 0)
 
     # Suspended while the write waits for a person.
     badge.until(lambda s, t: s == "suspended", "suspended")
@@ -80,12 +85,14 @@ def test_the_badge_follows_the_run_and_a_reload_mid_answer_starts_with_the_text_
     # Running again while the ending streams, then done.
     status, _, text = badge.until(lambda s, t: s == "running" and bool(t), "the ending streaming")
     assert ENDING.startswith(text), text
+    open_turn(gate, 1)
     badge.until(lambda s, t: s == "done", "done")
     # (Queued for a moment between the decision and the worker's claim, if the page looked then.)
     assert badge.statuses in (["queued", "running", "suspended", "running", "done"],
                               ["queued", "running", "suspended", "queued", "running", "done"]), badge.statuses
 
-    # Cancelled while it talks.
+    # Cancelled while it talks (held mid-turn: its first turn's gate is closed again).
+    first_turn.unlink()
     talking = Rambler.run_later("Talk.", user=ann)
     browser.get(f"{url}/runs/{talking.pk}/")
     badge = Badge(browser)
@@ -93,6 +100,7 @@ def test_the_badge_follows_the_run_and_a_reload_mid_answer_starts_with_the_text_
     assert talking.cancel(by=ann, reason="enough")
     _, label, _ = badge.until(lambda s, t: s == "cancelled", "cancelled")
     assert label == "Cancelled"
+    open_turn(gate, 0)  # the held model's thread ends, and the worker takes the next run
 
     # Failed mid-answer.
     failing = Stumbler.run_later("Talk.", user=ann)

@@ -7,23 +7,26 @@ and failed runs: tests/test_browser_live_page.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nexo_django.models import RunEvent, RunStatus
 from tests.browsing import session_cookie
+from tests.durable_agents import model_gate
 from tests.event_stream import WAIT, Stream
-from tests.live_agents import STORY, Rambler
+from tests.live_agents import STORY, Rambler, open_turn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
 
 def test_a_stream_opened_mid_turn_starts_with_the_text_so_far_and_follows_the_status_scripted(
-    rq_worker: Any, asgi_server: Any, django_user_model: Any
+    rq_worker: Any, asgi_server: Any, django_user_model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ann = django_user_model.objects.create_user("ann")
     cookie = session_cookie(ann)
+    gate = model_gate(tmp_path, monkeypatch)  # the model holds its text after HELD_AFTER pieces
     run = Rambler.run_later("Talk.", user=ann)  # queued: no worker yet
     url = f"{asgi_server.url}/runs/{run.pk}/stream/"
     first = Stream(url, cookie)
@@ -37,6 +40,7 @@ def test_a_stream_opened_mid_turn_starts_with_the_text_so_far_and_follows_the_st
     late = Stream(url, cookie)  # a page opened (or reloaded) now
     late.start()
     late.wait_for(lambda: bool(late.so_far))
+    open_turn(gate, 0)  # the rest of the turn
     late.join(WAIT)
     first.join(WAIT)
     assert first.ended and late.ended, (first.error, late.error)

@@ -16,7 +16,7 @@ import pytest
 from nexo_django.durable import dispatch
 from nexo_django.durable.recovery import reconcile
 from nexo_django.models import AgentRun, CallStatus, RunStatus, ToolCall
-from tests.durable_agents import Brisk, Dawdler, Patient, Spinner, count
+from tests.durable_agents import Brisk, Dawdler, Patient, Spinner, count, model_gate
 from tests.servers import signal_quietly, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable, pytest.mark.redis]
@@ -95,15 +95,17 @@ def test_a_burst_of_runs_past_redis_pys_hundred_connections_all_start_at_once_sc
 
 
 def test_sigkill_with_fifty_runs_in_flight_recovers_every_run_once_scripted(
-    rq_worker: Any, counter: Path, settings: Any
+    rq_worker: Any, counter: Path, settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings.NEXO = {**settings.NEXO, "LEASE_SECONDS": 2}
+    gate = model_gate(tmp_path, monkeypatch)
     workers = rq_worker(1, concurrency=50)
     runs = [Patient.run_later(f"patient {i}") for i in range(50)]
-    # All fifty claimed and waiting on their first (2 s) model turn in the one process.
+    # All fifty claimed and held in their first model request in the one process.
     wait_until(lambda: count(counter).count("model") == 50, timeout=WAIT, interval=0.05,
                what="fifty model requests in flight")
     workers.kill(0)
+    gate.touch()  # for the worker that takes them back
     assert statuses(runs) == {RunStatus.RUNNING: 50}
     assert count(counter) == ["model"] * 50  # nothing ran: every run was waiting on its model
     requeued: set[str] = set()
@@ -125,14 +127,16 @@ def test_sigkill_with_fifty_runs_in_flight_recovers_every_run_once_scripted(
 
 
 def test_sigterm_hands_runs_in_flight_back_at_their_next_commit_scripted(
-    rq_worker: Any, counter: Path, settings: Any
+    rq_worker: Any, counter: Path, settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings.NEXO = {**settings.NEXO, "LEASE_SECONDS": 2}
+    gate = model_gate(tmp_path, monkeypatch)
     workers = rq_worker(1, concurrency=10, extra_args=["--shutdown-grace", "20"])
     runs = [Patient.run_later(f"patient {i}") for i in range(10)]
     wait_until(lambda: count(counter).count("model") == 10, timeout=WAIT, interval=0.05,
                what="ten model requests in flight")
     signal_quietly(workers.pids[0], signal.SIGTERM)
+    gate.touch()  # the answers come after the signal, inside the grace
     # Each run gets its model's answer, runs its call, commits the result, and stops before its
     # next model request: back in the queue, with a new job, and nothing left to the reconciler.
     proc = workers._procs[0]
