@@ -121,7 +121,13 @@ def measure(check: Check, tree: Path, quick: bool) -> dict[str, float]:
     argv = [sys.executable, "-m", *check.args, *(check.quick if quick else ())]
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONUNBUFFERED": "1"}
     env.pop("DJANGO_SETTINGS_MODULE", None)
-    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT, check=False)
+    try:
+        done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT,
+                              check=False)
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else str(exc.stderr or "")
+        tail = "\n".join(err.splitlines()[-15:])
+        raise RuntimeError(f"{' '.join(argv[2:])} in {tree} ran longer than {STEP_TIMEOUT} s:\n{tail}") from None
     if done.returncode:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
         raise RuntimeError(f"{' '.join(argv[2:])} in {tree} exited with {done.returncode}:\n{tail}")
@@ -221,7 +227,11 @@ def main() -> int:
 
         server = PostgresServer(database="bench", fsync=True).start()
         os.environ["BENCH_PG_URL"] = server.url
-    return refresh(args) if args.refresh else gate(args)
+    try:
+        return refresh(args) if args.refresh else gate(args)
+    except RuntimeError as exc:  # a benchmark that failed or hung: no verdict, and make bench fails
+        print(f"bench.regression: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
