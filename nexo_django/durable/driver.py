@@ -49,10 +49,16 @@ def execute_sqlite(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], f
             cursor = conn.connection.execute(native, params)
             return cursor.fetchall() if fetch else cursor.rowcount
     except Exception as exc:
-        if conn.in_atomic_block:
-            conn.needs_rollback = True
-            conn.rollback_exc = exc  # type: ignore[attr-defined]
+        doom(conn, exc)
         raise
+
+
+def doom(conn: BaseDatabaseWrapper, exc: BaseException) -> None:
+    """A statement failed: the enclosing atomic block can only roll back, as the ORM's statements
+    do (``transaction.mark_for_rollback_on_error``)."""
+    if conn.in_atomic_block:
+        conn.needs_rollback = True
+        conn.rollback_exc = exc  # type: ignore[attr-defined]
 
 
 def ready(conn: BaseDatabaseWrapper) -> None:
@@ -73,9 +79,7 @@ def execute_driver(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], f
             cursor.execute(sql, params)
             return cursor.fetchall() if fetch else cursor.rowcount
     except Exception as exc:
-        if conn.in_atomic_block:
-            conn.needs_rollback = True
-            conn.rollback_exc = exc  # type: ignore[attr-defined]
+        doom(conn, exc)
         raise
 
 

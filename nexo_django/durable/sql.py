@@ -105,9 +105,7 @@ def _execute(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: 
             cursor.execute(sql, params)
             return cursor.fetchall() if fetch else cursor.rowcount
     except Exception as exc:
-        if conn.in_atomic_block:
-            conn.needs_rollback = True
-            conn.rollback_exc = exc  # type: ignore[attr-defined]
+        driver.doom(conn, exc)
         raise
 
 
