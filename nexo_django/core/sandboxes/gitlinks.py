@@ -21,6 +21,9 @@ from collections.abc import Sequence
 #: an index bigger than this is not read (the gitlinks of such a repository are not looked for)
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 GITLINK = 0o160000
+#: the gitlinks of the indexes read lately, by the index file's identity and version
+_parsed: dict[tuple[int, ...], tuple[str, ...]] = {}
+PARSED_MAX = 64
 
 
 def _hash_size(root_fd: int) -> int:
@@ -76,14 +79,23 @@ def registered(root_fd: int) -> list[str]:
     except OSError:
         return []
     with os.fdopen(fd, "rb") as index:
-        if os.fstat(index.fileno()).st_size > MAX_INDEX_BYTES:
+        st = os.fstat(index.fileno())
+        if st.st_size > MAX_INDEX_BYTES:
             return []
+        # Parsed once per version of the index (a big one costs ~1 µs an entry), not every call.
+        version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if version in _parsed:
+            return list(_parsed[version])
         data = index.read()
     try:
         paths = parse_index(data, _hash_size(root_fd))
     except (ValueError, IndexError, struct.error):
-        return []
-    return [p for p in paths if p and not p.startswith("/") and ".." not in p.split("/")]
+        paths = []
+    found = [p for p in paths if p and not p.startswith("/") and ".." not in p.split("/")]
+    if len(_parsed) >= PARSED_MAX:
+        _parsed.clear()
+    _parsed[version] = tuple(found)
+    return found
 
 
 def _folder(root_fd: int, path: str) -> int | None:
