@@ -37,11 +37,7 @@ def execute_sqlite(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], f
     transaction check, its errors wrapped as Django's), without its layers: the wrapper objects,
     the execute-wrapper chain and the regex that converts ``%s`` to ``?`` on every execution (the
     same conversion, done once per statement here)."""
-    native = _qmark.get(sql)
-    if native is None:
-        native = _FORMAT.sub("?", sql).replace("%%", "%")
-        if len(_qmark) < QMARK_MAX:
-            _qmark[sql] = native
+    native = _qmark.get(sql) or qmark(sql)
     ready(conn)
     try:
         conn.validate_no_broken_transaction()
@@ -51,6 +47,14 @@ def execute_sqlite(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], f
     except Exception as exc:
         doom(conn, exc)
         raise
+
+
+def qmark(sql: str) -> str:
+    """``sql`` in sqlite3's parameter style, as Django's SQLite cursor converts it (kept)."""
+    native = _FORMAT.sub("?", sql).replace("%%", "%")
+    if len(_qmark) < QMARK_MAX:
+        _qmark[sql] = native
+    return native
 
 
 def doom(conn: BaseDatabaseWrapper, exc: BaseException) -> None:
@@ -134,7 +138,15 @@ def sqlite_transaction(conn: BaseDatabaseWrapper) -> Iterator[None]:
     with conn.wrap_database_errors:
         raw.execute("BEGIN" if mode is None else f"BEGIN {mode}")
     try:
-        yield
+        # Its statements go to ``raw`` as they are (:func:`in_transaction`): the checks of
+        # :func:`ready` were made above for the whole transaction, no atomic block is open to be
+        # marked for rollback, and their errors are wrapped as Django's here, once.
+        conn.__dict__[RAW] = raw
+        try:
+            with conn.wrap_database_errors:
+                yield
+        finally:
+            conn.__dict__.pop(RAW, None)
         with conn.wrap_database_errors:
             raw.commit()
     except BaseException:
@@ -142,3 +154,19 @@ def sqlite_transaction(conn: BaseDatabaseWrapper) -> Iterator[None]:
             with conn.wrap_database_errors:
                 raw.rollback()
         raise
+
+
+#: the attribute of a connection inside :func:`sqlite_transaction`: the driver's connection
+RAW = "_nexo_raw"
+
+
+def in_transaction(conn: BaseDatabaseWrapper) -> Any:
+    """The driver's connection if ``conn`` is inside :func:`sqlite_transaction`, else None."""
+    return conn.__dict__.get(RAW)
+
+
+def execute_raw(raw: Any, sql: str, params: Sequence[Any], fetch: bool) -> Any:
+    """A statement of a :func:`sqlite_transaction` (whose checks and error wrapping hold for it):
+    the driver's ``execute`` with the ``?`` SQL, rows (``fetch``) or the row count."""
+    cursor = raw.execute(_qmark.get(sql) or qmark(sql), params)
+    return cursor.fetchall() if fetch else cursor.rowcount

@@ -217,9 +217,15 @@ def crash_point(name: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+#: ``json.dumps(value, default=str, ensure_ascii=False)`` without an encoder built per call
+_measure = json.JSONEncoder(default=str, ensure_ascii=False).encode
+
+
 def capped(value: Any, limit: int) -> Any:
+    if not value and type(value) in (dict, list) and limit >= 2:  # {} or []: nothing to measure
+        return value
     try:
-        text = json.dumps(value, default=str, ensure_ascii=False)
+        text = _measure(value)
     except (RecursionError, ValueError):  # nested past what json can write: the event says so
         return {"truncated": True, "preview": "(nested too deeply to show)"}
     if len(text) <= limit:

@@ -20,6 +20,7 @@ from referencing.exceptions import Unresolvable
 
 from ..errors import ApprovalRequired, Denied, SecurityError, ToolArgumentError
 from ..permissions import CAPABILITIES, Permissions
+from .quick_schema import compile_check
 
 if TYPE_CHECKING:
     from ..sandboxes.base import Sandbox
@@ -143,6 +144,8 @@ class Tool:
         # An explicit, empty registry: jsonschema would otherwise GET any remote "$ref" in a
         # schema, with no timeout, at every validation.
         self._validator = Draft202012Validator(parameters, registry=Registry())
+        #: a quick check for a simple schema (True only for arguments jsonschema accepts)
+        self._quick = compile_check(parameters)
 
     def __repr__(self) -> str:
         return f"<Tool {self.name} capability={self.capability}>"
@@ -153,6 +156,8 @@ class Tool:
     def validate(self, args: Any) -> dict[str, Any]:
         if not isinstance(args, dict):
             raise ToolArgumentError(f"{self.name}: arguments must be a JSON object, got {type(args).__name__}")
+        if self._quick is not None and self._quick(args):
+            return args
         try:
             problems = sorted(self._validator.iter_errors(args), key=lambda e: list(e.path))
         except Unresolvable as exc:
