@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model
-from django.db.models.base import ModelState
+from django.db.models.base import DEFERRED, ModelState
 from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
 from django.db.models.query_utils import DeferredAttribute
 from django.db.models.signals import post_init, pre_init
@@ -109,6 +109,51 @@ def from_db[M: Model](model: type[M], alias: str, values: list[Any]) -> M:
     attributes = obj.__dict__
     attributes["_state"] = state
     attributes.update(zip(names, values, strict=True))
+    return obj
+
+
+#: model -> (field, attname, name if a relation else None) of each field, for :func:`new`
+_fields_of: dict[type[Model], list[tuple[Any, str, str | None]]] = {}
+
+
+def new[M: Model](model: type[M], **kwargs: Any) -> M:
+    """``model(**kwargs)`` for a new row, without ``Model.__init__``'s generic loop, when nothing
+    can tell the difference (as :func:`from_db`; and every forward field concrete, none
+    generated): each field's value from ``kwargs`` by its attribute name, a relation's object by
+    its name through its descriptor (which checks its type and caches it), else the field's
+    default. Anything else (a property's name, an unknown name, ``DEFERRED``) goes to
+    ``Model.__init__``, with its errors."""
+    names = _plain.get(model, ())
+    if names == ():
+        names = _plain[model] = plain_names(model)
+    fields = _fields_of.get(model)
+    if fields is None:
+        opts = model._meta
+        plain = len(opts.fields) == len(opts.concrete_fields) and not any(getattr(f, "generated", False) for f in opts.fields)
+        fields = _fields_of[model] = [(f, f.attname, f.name if f.is_relation else None) for f in opts.concrete_fields] if plain else []
+    if names is None or not fields or pre_init.has_listeners(model) or post_init.has_listeners(model):
+        return model(**kwargs)
+    obj = model.__new__(model)
+    attributes = obj.__dict__
+    attributes["_state"] = ModelState()
+    used = 0
+    for field, attname, name in fields:
+        if attname in kwargs:
+            value = kwargs[attname]
+            if value is DEFERRED:
+                return model(**kwargs)
+            attributes[attname] = value
+            used += 1
+        elif name is not None and name in kwargs:
+            value = kwargs[name]
+            if value is DEFERRED:
+                return model(**kwargs)
+            setattr(obj, name, value)
+            used += 1
+        else:
+            attributes[attname] = field.get_default()
+    if used != len(kwargs):
+        return model(**kwargs)
     return obj
 
 

@@ -35,7 +35,7 @@ from ..models import (
     args_digest,
 )
 from ..storable import UnstorableValue, refuse_call_ids
-from . import live, outbox, sql
+from . import driver, live, outbox, sql
 from .deadlines import deadline
 from .prefix import prefix as conversation_prefix
 
@@ -489,8 +489,8 @@ class DbJournal(Journal):
         now = timezone.now()
         batch, values = self._fenced(now)
         if row is None:
-            row = ToolCall(
-                run_id=self.run.pk, agent=self.run.agent, tool_call_id=call["id"], name=call["name"],
+            row = driver.new(
+                ToolCall, run_id=self.run.pk, agent=self.run.agent, tool_call_id=call["id"], name=call["name"],
                 capability=tool.capability, args=args, digest=args_digest(args),
                 status=CallStatus.EXECUTING, idempotent=tool.idempotent,
             )
@@ -549,8 +549,8 @@ class DbJournal(Journal):
                 continue
             tool = self.agent.toolset().get(p.name)
             self.new_pending.append(
-                ToolCall(
-                    run_id=self.run.pk, agent=self.run.agent, tool_call_id=p.id, name=p.name,
+                driver.new(
+                    ToolCall, run_id=self.run.pk, agent=self.run.agent, tool_call_id=p.id, name=p.name,
                     capability=p.capability,
                     args=p.args, digest=args_digest(p.args), status=CallStatus.PENDING_APPROVAL,
                     idempotent=bool(tool and tool.idempotent), expires_at=expires_at,

@@ -58,7 +58,7 @@ from ..models import (
 )
 from ..signals import approval_decided, approval_requested, run_status_changed
 from ..storable import UnstorableValue
-from . import agent_classes, binding, dispatch, outbox, parents, rule_history, rules, sql
+from . import agent_classes, binding, dispatch, driver, outbox, parents, rule_history, rules, sql
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
 if TYPE_CHECKING:
@@ -188,8 +188,8 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
         # Pinned now: a resume hours later acts in this folder or not at all (a link in front of
         # it may be flipped meanwhile; see check_workspace).
         options[WORKSPACE_PIN] = agent.workspace.identity()  # type: ignore[attr-defined]
-    run = AgentRun(
-        agent=cls.path(), prompt=prompt, status=RunStatus.QUEUED, created_by=_user(user),
+    run = driver.new(
+        AgentRun, agent=cls.path(), prompt=prompt, status=RunStatus.QUEUED, created_by=_user(user),
         options={**options, "_live": sorted(live)} if live else options, generation=1,
         workspace=agent.workspace.spec() if agent.workspace.kind == "virtual" else None,
     )
@@ -557,8 +557,8 @@ def decide(
     # a decision taking the call first deadlocked against a cancel on PostgreSQL.
     batch.lock_first(AgentRun, call.run_id)
     batch.gate(ToolCall, match, {"status": status, "updated_at": now})
-    decision = Decision(
-        tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
+    decision = driver.new(
+        Decision, tool_call=call, verdict=verdict, note=note, args=args, stop=stop and not approved,
         digest=args_digest(args) if args is not None else call.digest,
         decided_by=_user(by), source=source, rule=rule, file_version=file_version,
         rule_said=rule_history.said(rule) if rule is not None else None,

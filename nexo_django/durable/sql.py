@@ -520,9 +520,13 @@ def values(model: type[Model], name: str, order_by: str, **where: Any) -> list[A
 def run_and_messages(run_id: Any, status: str) -> tuple[AgentRun | None, list[Any]]:
     """``get(AgentRun, id=run_id, status=status)`` and, if there is such a run, its messages'
     data in order (``values(RunMessage, "data", "seq", run_id=...)``). On PostgreSQL one
-    statement (the messages as one JSON array), elsewhere two."""
+    statement (the messages as one JSON array), on SQLite too (their texts joined), elsewhere two."""
     alias, conn = _db(AgentRun, write=False)
     data = _field(RunMessage, "data")
+    if conn.vendor == "sqlite" and data.decoder in (None, StoredJSONDecoder):  # type: ignore[attr-defined]
+        found = _sqlite_run_and_messages(conn, alias, run_id, status)
+        if found is not None:
+            return found
     if conn.vendor != "postgresql" or data.decoder not in (None, StoredJSONDecoder):  # type: ignore[attr-defined]
         run = get(AgentRun, id=run_id, status=status)
         return run, ([] if run is None else values(RunMessage, "data", "seq", run_id=run.pk))
@@ -545,6 +549,41 @@ def run_and_messages(run_id: Any, status: str) -> tuple[AgentRun | None, list[An
         return None, []
     run = driver.from_db(AgentRun, alias, _convert(conn, _reader(conn, AgentRun), rows[0][:-1]))
     return run, loads(rows[0][-1])  # the field's decoding (storable), for the array at once
+
+
+def _sqlite_run_and_messages(
+    conn: BaseDatabaseWrapper, alias: str, run_id: Any, status: str,
+) -> tuple[AgentRun | None, list[Any]] | None:
+    """:func:`run_and_messages` in one statement on SQLite (3.40 has no ``ORDER BY`` inside an
+    aggregate): the messages' texts joined by ``group_concat`` over a subquery in ``seq`` order,
+    with their ``seq`` values joined alike and their counts. None (read them apart) unless the
+    ``seq`` values came in order and no text was NULL: the order is checked, not assumed."""
+    key = (conn.vendor, "run_and_messages")
+    built = _statements.get(key)
+    if built is None:
+        q = conn.ops.quote_name
+        condition, fields = _where(conn, AgentRun, ("id", "status"))
+        seq, text, run = (q(str(_field(RunMessage, n).column)) for n in ("seq", "data", "run"))
+        sql = (
+            f"SELECT {_columns(conn, AgentRun)}, m.n, m.k, m.seqs, m.texts FROM {_table(conn, AgentRun)}, "
+            f"(SELECT count(*) AS n, count(t) AS k, group_concat(s) AS seqs, group_concat(t, ',') AS texts FROM "
+            f"(SELECT {seq} AS s, {text} AS t FROM {_table(conn, RunMessage)} WHERE {run} = %s ORDER BY {seq})) AS m "
+            f"WHERE {condition}"
+        )
+        built = _statements[key] = (sql, (_field(RunMessage, "run"), *fields))
+    sql, fields = built
+    rows = _execute(conn, sql, _lookup_params(conn, fields, (run_id, run_id, status)), fetch=True)
+    if not rows:
+        return None, []
+    count, texts, seqs, joined = rows[0][-4:]
+    if count != texts:
+        return None
+    if count:
+        numbers = [int(n) for n in seqs.split(",")]
+        if any(a >= b for a, b in zip(numbers, numbers[1:], strict=False)):
+            return None
+    run = driver.from_db(AgentRun, alias, _convert(conn, _reader(conn, AgentRun), rows[0][:-4]))
+    return run, (loads(f"[{joined}]") if count else [])
 
 
 def calls_with_decisions(run_id: Any, call_ids: Sequence[str]) -> list[ToolCall]:

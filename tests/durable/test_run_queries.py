@@ -120,13 +120,13 @@ def test_scripted_approval_cycle_runs_prepared_statements_only() -> None:
     # start: the run, its messages, events and pending call (the run object is kept current, not
     # read back); decision: the call, the decision, its event, the wake-up (which returns the new
     # generation: UPDATE ... RETURNING);
-    # resume: the run, messages and calls read, then three transactions of three statements each.
-    # On PostgreSQL each of those transactions is one statement (nexo_django.durable.sql.Batch), the
-    # decision is one, and the resume reads the run with its messages.
+    # resume: the run with its messages, and the calls, read, then three transactions of three
+    # statements each. On PostgreSQL each of those transactions is one statement
+    # (nexo_django.durable.sql.Batch), and the decision is one.
     if connection.vendor == "postgresql":
         assert len(work) == 1 + 1 + 2 + 3
     else:
-        assert len(work) == 4 + 4 + 3 + 9
+        assert len(work) == 4 + 4 + 2 + 9
     unprepared = [s for s in work if not any(_same(s, p) for p in prepared)]
     assert unprepared == []
 

@@ -33,11 +33,30 @@ MAX_PATH_CHARS = 4096
 MAX_NAME_CHARS = 255
 
 
+#: paths :func:`normalize_relative` accepted -> their normal form (a pure function of the text:
+#: a call's path is normalised about ten times between the model's reply and its result)
+_normal: dict[str, str] = {}
+NORMAL_KEPT = 4096
+
+
 def normalize_relative(path: str) -> str:
     """The one place a model's path becomes ``a/b/c`` relative to a sandbox root, or is refused:
     empty, NUL bytes, absolute or ``~``, ``..`` anywhere, the root itself, a trailing ``/`` or
     ``/.``, over-long names and paths, names that are not valid file-name text. (Confinement itself is enforced by each
     sandbox on what it opens; this only refuses what can never be right.)"""
+    if type(path) is str:
+        known = _normal.get(path)
+        if known is not None:
+            return known
+    normal = _normalize_relative(path)
+    if type(path) is str:
+        if len(_normal) >= NORMAL_KEPT:
+            _normal.clear()
+        _normal[path] = normal
+    return normal
+
+
+def _normalize_relative(path: str) -> str:
     if not isinstance(path, str) or not path:
         raise SecurityError("a path must be a non-empty string")
     if "\x00" in path:
@@ -81,6 +100,10 @@ class GlobResult:
     reason: str = ""  # why it stopped early, if it did
 
 
+#: (protected patterns, normalised path) that matched none of the patterns
+_unprotected: set[tuple[tuple[str, ...], str]] = set()
+
+
 class Sandbox(ABC):
     kind: str = ""
     can_write: bool = True
@@ -96,9 +119,16 @@ class Sandbox(ABC):
             # in any repository nested anywhere in the workspace. casefold: ".GIT" is ".git"
             # on a case-insensitive file system.
             raise SecurityError(f"{rel!r} is inside a .git folder (or is one) and is never written")
-        for pattern in self.protected:
+        protected = self.protected
+        if (protected, rel) in _unprotected:
+            return rel
+        for pattern in protected:
             if fnmatch.fnmatchcase(rel, pattern) or fnmatch.fnmatchcase(posixpath.basename(rel), pattern):
                 raise SecurityError(f"{rel!r} is a protected name ({pattern}) and is never written")
+        if type(protected) is tuple:  # hashable, and fixed: its verdict on this path is kept
+            if len(_unprotected) >= NORMAL_KEPT:
+                _unprotected.clear()
+            _unprotected.add((protected, rel))
         return rel
 
     def normalize(self, path: str) -> str:
