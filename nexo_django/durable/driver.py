@@ -121,7 +121,8 @@ def new[M: Model](model: type[M], **kwargs: Any) -> M:
     can tell the difference (as :func:`from_db`; and every forward field concrete, none
     generated): each field's value from ``kwargs`` by its attribute name, a relation's object by
     its name through its descriptor (which checks its type and caches it), else the field's
-    default. Anything else (a property's name, an unknown name, ``DEFERRED``) goes to
+    default; a generated field is left unset, as ``Model.__init__`` leaves it. Anything else (a
+    property's name, an unknown or generated field's name, ``DEFERRED``) goes to
     ``Model.__init__``, with its errors."""
     names = _plain.get(model, ())
     if names == ():
@@ -129,8 +130,9 @@ def new[M: Model](model: type[M], **kwargs: Any) -> M:
     fields = _fields_of.get(model)
     if fields is None:
         opts = model._meta
-        plain = len(opts.fields) == len(opts.concrete_fields) and not any(getattr(f, "generated", False) for f in opts.fields)
-        fields = _fields_of[model] = [(f, f.attname, f.name if f.is_relation else None) for f in opts.concrete_fields] if plain else []
+        fields = _fields_of[model] = [
+            (f, f.attname, f.name if f.is_relation else None) for f in opts.concrete_fields if not getattr(f, "generated", False)
+        ] if len(opts.fields) == len(opts.concrete_fields) else []
     if names is None or not fields or pre_init.has_listeners(model) or post_init.has_listeners(model):
         return model(**kwargs)
     obj = model.__new__(model)

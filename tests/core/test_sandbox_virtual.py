@@ -104,3 +104,23 @@ def test_spec_round_trip_keeps_protected_names_and_non_utf8_bytes() -> None:
     again = from_spec(box.spec())
     assert again.read("a.bin", 100).data == b"\xff\xfe ok"
     assert again.protected == ("secret/*",)
+
+
+def test_kept_path_verdicts_never_let_a_refused_path_or_name_through() -> None:
+    """A path's normal form and its protected-name verdict are kept (issue 34): a path refused
+    stays refused however often it is asked, and a path fine under one sandbox's protected names
+    is still refused by a sandbox that protects it."""
+    from nexo_django.core.sandboxes import base
+
+    plain, strict = VirtualSandbox(), VirtualSandbox(protected=("notes/*.txt",))
+    for _ in range(3):
+        assert plain.check_writable("./notes//a.txt") == "notes/a.txt"
+        with pytest.raises(SecurityError, match="protected name"):
+            strict.check_writable("notes/a.txt")
+        with pytest.raises(SecurityError, match="'..'"):
+            base.normalize_relative("notes/../../x")
+        with pytest.raises(SecurityError, match="protected name"):
+            plain.check_writable(".bashrc")
+    assert "notes/../../x" not in base._normal
+    assert ((plain.protected, "notes/a.txt") in base._unprotected
+            and (strict.protected, "notes/a.txt") not in base._unprotected)

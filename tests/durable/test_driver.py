@@ -92,3 +92,84 @@ def test_rows_read_here_are_instances_the_orm_would_build_and_post_init_still_ru
     finally:
         post_init.disconnect(receiver, sender=AgentRun)
     assert seen == [run.pk]
+
+
+def _comparable(obj: Any) -> dict[str, Any]:
+    """Each concrete field's attribute as set (generated ones: whether set at all), the state."""
+    seen = {f.attname: obj.__dict__.get(f.attname, "<unset>") for f in obj._meta.concrete_fields}
+    return {**seen, "_state": (obj._state.adding, obj._state.db)}
+
+
+def test_new_rows_are_the_instances_model_init_builds_and_its_errors_stay() -> None:
+    """``driver.new`` builds a new row's instance without ``Model.__init__``'s loop (issue 34):
+    the same attributes (defaults applied, a relation's object cached, generated fields unset) as
+    ``Model(**kwargs)``; a name it does not know, a receiver of ``pre_init``/``post_init``: Django's
+    own way, with its error."""
+    from django.db.models.signals import pre_init
+
+    from nexo_django.durable import driver
+    from nexo_django.models import CallStatus, Decision, ToolCall
+
+    run = a_run()
+    run.save(force_insert=True)
+    user = run.created_by
+    cases: list[tuple[type[Any], dict[str, Any]]] = [
+        (AgentRun, {"agent": "a.B", "prompt": "p", "status": RunStatus.QUEUED, "created_by": user,
+                    "options": {"x": 1}, "generation": 1, "workspace": None}),
+        (AgentRun, {"agent": "a.B", "prompt": "p", "created_by": None}),
+        (ToolCall, {"run_id": run.pk, "agent": "a.B", "tool_call_id": "c1", "name": "write", "capability": "write",
+                    "args": {"path": "a"}, "digest": "d", "status": CallStatus.PENDING_APPROVAL, "idempotent": False,
+                    "expires_at": WHEN, "server": ""}),
+        (ToolCall, {"run": run, "tool_call_id": "c2", "name": "read"}),
+    ]
+    for model, kwargs in cases:
+        fast, slow = driver.new(model, **kwargs), model(**kwargs)
+        # defaults drawn per instance (a new uuid, now): equal in kind, not in value
+        for name in ("id", "created_at", "updated_at"):
+            for obj in (fast, slow):
+                if name in obj.__dict__ and name not in kwargs:
+                    obj.__dict__[name] = type(obj.__dict__[name]).__name__
+        assert _comparable(fast) == _comparable(slow), model
+        if "run" in kwargs:
+            assert ToolCall.run.is_cached(fast) and fast.run is run
+    call = driver.new(ToolCall, run_id=run.pk, tool_call_id="c3", name="write")
+    decision = driver.new(Decision, tool_call=call, verdict="approved", decided_by=user)
+    assert decision.tool_call is call and decision.decided_by_id == user.pk
+    with pytest.raises(ValueError, match="must be a"):  # the relation's descriptor checks the type
+        driver.new(Decision, tool_call=run)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        driver.new(ToolCall, no_such_field=1)
+    assert driver.new(ToolCall, args_size=3).args_size == ToolCall(args_size=3).args_size == 3  # Django's way
+    seen: list[Any] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        seen.append(dict(kwargs["kwargs"]))  # Model.__init__ empties it later
+
+    pre_init.connect(receiver, sender=ToolCall)
+    try:
+        driver.new(ToolCall, tool_call_id="c4")
+    finally:
+        pre_init.disconnect(receiver, sender=ToolCall)
+    assert seen == [{"tool_call_id": "c4"}]
+
+
+def test_a_resume_reads_its_messages_in_seq_order_or_reads_them_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On SQLite the run and its messages are one statement (issue 34), their texts joined in the
+    order a subquery gives: that order is checked against the ``seq`` values, and should it not
+    hold the messages are read apart, in order."""
+    from nexo_django.durable import sql as module
+
+    if connection.vendor != "sqlite":
+        pytest.skip("the joined read is SQLite's; PostgreSQL orders inside json_agg")
+    run = a_run(status=RunStatus.QUEUED)
+    run.save(force_insert=True)
+    for seq in (2, 0, 1):
+        RunMessage.objects.create(run=run, seq=seq, role="user", data={"seq": seq, "text": "a,b"})
+    got, messages = sql.run_and_messages(run.pk, RunStatus.QUEUED)
+    assert got is not None and [m["seq"] for m in messages] == [0, 1, 2]
+    key = ("sqlite", "run_and_messages")
+    built, fields_ = module._statements[key]
+    monkeypatch.setitem(module._statements, key, (built.replace("ORDER BY", "ORDER BY -1 *"), fields_))
+    assert module._sqlite_run_and_messages(connection, "default", run.pk, RunStatus.QUEUED) is None  # out of order
+    got, messages = sql.run_and_messages(run.pk, RunStatus.QUEUED)
+    assert got is not None and [m["seq"] for m in messages] == [0, 1, 2]
