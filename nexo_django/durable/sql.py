@@ -582,8 +582,8 @@ def _sqlite_run_and_messages(
         numbers = [int(n) for n in seqs.split(",")]
         if any(a >= b for a, b in zip(numbers, numbers[1:], strict=False)):
             return None
-    run = driver.from_db(AgentRun, alias, _convert(conn, _reader(conn, AgentRun), rows[0][:-4]))
-    return run, (loads(f"[{joined}]") if count else [])
+    found = driver.from_db(AgentRun, alias, _convert(conn, _reader(conn, AgentRun), rows[0][:-4]))
+    return found, (loads(f"[{joined}]") if count else [])
 
 
 def calls_with_decisions(run_id: Any, call_ids: Sequence[str]) -> list[ToolCall]:
