@@ -80,6 +80,10 @@ def _db(model: type[Model], *, write: bool) -> tuple[str, BaseDatabaseWrapper]:
     return alias, connections[alias]
 
 
+#: a step's database, known already (``(alias, connection)``), or None: the router's
+DB = tuple[str, BaseDatabaseWrapper] | None
+
+
 def _field(model: type[Model], name: str) -> Field[Any, Any]:
     return cast("Field[Any, Any]", model._meta.get_field(name))
 
@@ -131,7 +135,8 @@ def _saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], Any]:
     """``field.get_db_prep_save`` for the values the hot path writes, without its layers: the
     same result, by the same backend function, for a ``str`` in a char or text field, a ``bool``,
     an aware ``datetime`` (with ``USE_TZ``), a ``dict`` or ``list`` in a JSON field, a ``UUID`` in a
-    UUID field or a foreign key to one. Any other value, or a field class of someone else's (a
+    UUID field or a foreign key to one; None in any of Django's fields of those kinds (SQL NULL, as
+    their ``get_db_prep_save`` says). Any other value, or a field class of someone else's (a
     subclass may prepare differently), goes through ``get_db_prep_save`` itself."""
     found = _savers.get(id(field))  # by identity: a field's own hash is a Python method
     if found is None or found[0] is not field:
@@ -156,14 +161,15 @@ def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], 
     slow = field.get_db_prep_save
     kind = type(field)
     if kind in (models.CharField, models.TextField):
-        return lambda v, conn: v if type(v) is str else slow(v, conn)
+        return lambda v, conn: v if type(v) is str or v is None else slow(v, conn)
     if kind is StoredTextField:  # its get_prep_value: the text as stored (storable.escape_text)
         return lambda v, conn: escape_text(v) if type(v) is str else slow(v, conn)
     if kind is models.BooleanField:
-        return lambda v, conn: v if type(v) is bool else slow(v, conn)
+        return lambda v, conn: v if type(v) is bool or v is None else slow(v, conn)
     if kind in _INTEGER_FIELDS:  # get_prep_value is int(v): the backend's adaptation is what is left
         internal = field.get_internal_type()
-        return lambda v, conn: conn.ops.adapt_integerfield_value(v, internal) if type(v) is int else slow(v, conn)
+        return lambda v, conn: (conn.ops.adapt_integerfield_value(v, internal) if type(v) is int
+                                else None if v is None else slow(v, conn))
     if kind is models.DateTimeField:
 
         def datetime_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
@@ -177,7 +183,7 @@ def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], 
                     _remember_datetime(v, conn, text)
                     return text
                 return conn.ops.adapt_datetimefield_value(v)
-            return slow(v, conn)
+            return None if v is None else slow(v, conn)
 
         return datetime_saver
     if kind is StoredJSONField and field.encoder is StoredJSONEncoder:  # type: ignore[attr-defined]
@@ -185,20 +191,21 @@ def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], 
         # without building an encoder per value. Elsewhere the backend's own (psycopg's Jsonb).
         def stored_json_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
             if type(v) not in (dict, list):
-                return slow(v, conn)
+                return None if v is None else slow(v, conn)
             return dumps(v) if conn.vendor == "sqlite" else conn.ops.adapt_json_value(v, StoredJSONEncoder)
 
         return stored_json_saver
     if kind in (models.JSONField, StoredJSONField):
         encoder = field.encoder  # type: ignore[attr-defined]
-        return lambda v, conn: conn.ops.adapt_json_value(v, encoder) if type(v) in (dict, list) else slow(v, conn)
+        return lambda v, conn: (conn.ops.adapt_json_value(v, encoder) if type(v) in (dict, list)
+                                else None if v is None else slow(v, conn))
     target = field.target_field if kind is models.ForeignKey else field  # type: ignore[attr-defined]
     if type(target) is models.UUIDField:
 
         def uuid_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
             if type(v) is uuid.UUID:
                 return v if conn.features.has_native_uuid_field else v.hex
-            return slow(v, conn)
+            return None if v is None else slow(v, conn)
 
         return uuid_saver
     return slow
@@ -250,13 +257,15 @@ def _lookup_params(conn: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]],
 # --- writing -------------------------------------------------------------------------------------
 
 
-def insert(model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]], *, returning: bool = False) -> list[Any]:
+def insert(
+    model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]], *, returning: bool = False, db: DB = None,
+) -> list[Any]:
     """INSERT ``rows`` (values of the fields ``names``, in that order) as multi-row statements,
     like ``bulk_create`` (no signals, no ``auto_now``: pass every value). With ``returning``, the
     new primary keys, in order."""
     if not rows:
         return []
-    alias, conn = _db(model, write=True)
+    alias, conn = db or _db(model, write=True)
     per_statement = max(1, BATCH_PARAMS // len(names))
     pks: list[Any] = []
     for start in range(0, len(rows), per_statement):
@@ -292,12 +301,12 @@ def create[M: Model](obj: M) -> M:
     return bulk_create([obj], signals=True)[0]
 
 
-def bulk_create[M: Model](objs: list[M], *, signals: bool = False) -> list[M]:
+def bulk_create[M: Model](objs: list[M], *, signals: bool = False, db: DB = None) -> list[M]:
     """``Model.objects.bulk_create(objs)`` in one INSERT, setting each object's primary key."""
     if not objs:
         return objs
     model = type(objs[0])
-    alias, conn = _db(model, write=True)
+    alias, conn = db or _db(model, write=True)
     pk = _pk(model)
     auto_pk = isinstance(pk, AutoField)
     listened = signals and (pre_save.has_listeners(model) or post_save.has_listeners(model))
@@ -310,7 +319,7 @@ def bulk_create[M: Model](objs: list[M], *, signals: bool = False) -> list[M]:
         return objs
     fields = _insert_fields(model)
     rows = [[f.pre_save(obj, add=True) for f in fields] for obj in objs]
-    pks = insert(model, [f.attname for f in fields], rows, returning=auto_pk)
+    pks = insert(model, [f.attname for f in fields], rows, returning=auto_pk, db=db)
     for i, obj in enumerate(objs):
         if auto_pk:
             setattr(obj, pk.attname, pks[i])
@@ -319,9 +328,9 @@ def bulk_create[M: Model](objs: list[M], *, signals: bool = False) -> list[M]:
     return objs
 
 
-def update(model: type[Model], where: dict[str, Any], values: dict[str, Any]) -> int:
+def update(model: type[Model], where: dict[str, Any], values: dict[str, Any], *, db: DB = None) -> int:
     """``Model.objects.filter(**where).update(**values)`` (equality only): the row count."""
-    alias, conn = _db(model, write=True)
+    alias, conn = db or _db(model, write=True)
     key = (conn.vendor, "update", model, tuple(values), tuple(where))
     built = _statements.get(key)
     if built is None:
@@ -655,6 +664,8 @@ class Batch:
 
     def __init__(self, *, durable: bool = True) -> None:
         self.alias, self.conn = _db(AgentRun, write=True)
+        #: the database of every step, when no router could send one elsewhere
+        self._db: DB = None if router.routers else (self.alias, self.conn)
         self.durable = durable
         self._steps: list[tuple[Any, ...]] = []
         self._combined = self.conn.vendor == "postgresql"
@@ -758,11 +769,11 @@ class Batch:
     def _run_step(self, index: int, step: tuple[Any, ...]) -> int:
         kind = step[0]
         if kind == "update":
-            return update(step[1], step[2], step[3])
+            return update(step[1], step[2], step[3], db=self._db)
         if kind == "create":
-            return len(bulk_create(list(step[1]), signals=True))
+            return len(bulk_create(list(step[1]), signals=True, db=self._db))
         if kind == "insert":
-            insert(step[1], step[2], step[3])
+            insert(step[1], step[2], step[3], db=self._db)
             return len(step[3])
         if kind == "requeue":
             run_id, old, new, now, unless_pending, _ = step[1:]
