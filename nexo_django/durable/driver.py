@@ -12,17 +12,24 @@ connection, async context, thread, broken transaction) and errors are wrapped as
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, cast
 
+from django.conf import settings
+from django.core.signals import setting_changed
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Model
+from django.db.models import JSONField, Model
 from django.db.models.base import DEFERRED, ModelState
 from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
 from django.db.models.query_utils import DeferredAttribute
 from django.db.models.signals import post_init, pre_init
+
+from ..storable import StoredJSONDecoder, StoredJSONField, StoredTextField, loads
 
 #: a statement's SQL in sqlite3's own parameter style (``?``), converted once; at most
 #: ``QMARK_MAX`` of them (statements with lists of any length are many: past it, converted each time)
@@ -217,3 +224,96 @@ def execute_raw(raw: Any, sql: str, params: Sequence[Any], fetch: bool) -> Any:
     the driver's ``execute`` with the ``?`` SQL, rows (``fetch``) or the row count."""
     cursor = raw.execute(_qmark.get(sql) or qmark(sql), params)
     return cursor.fetchall() if fetch else cursor.rowcount
+
+
+# --- converters of the values read -------------------------------------------------------------
+
+#: ``settings.USE_TZ``, read once per change of it (``settings`` is a lazy object: each read of it
+#: is a Python call)
+_tz: list[bool] = []
+
+
+def use_tz() -> bool:
+    if not _tz:
+        _tz.append(bool(settings.USE_TZ))
+    return _tz[0]
+
+
+def _forget_settings(*, setting: str, **kwargs: Any) -> None:
+    if setting == "USE_TZ":
+        _tz.clear()
+
+
+setting_changed.connect(_forget_settings, dispatch_uid="nexo_django.durable.driver.forget_settings")
+
+
+def converter(conn: BaseDatabaseWrapper, col: Any, converters: Sequence[Any]) -> Callable[[Any], Any]:
+    """The ORM's ``converters`` of a column's values (each called ``(value, col, conn)`` in turn) as
+    one function of the value. Django's own converters of the hot path's columns (SQLite's
+    datetime, UUID and boolean ones, the stored JSON and text fields' ``from_db_value``) all return
+    NULL as it is: for those, NULL is returned at once and each runs without its generic layers
+    (:func:`_quick`). Any other converter is called as the ORM calls it, NULL included."""
+    quick = [_quick(conn, col, c) for c in converters]
+    if any(q is None for q in quick):
+
+        def convert(value: Any) -> Any:
+            for c in converters:
+                value = c(value, col, conn)
+            return value
+
+        return convert
+    steps = cast("list[Callable[[Any], Any]]", quick)
+    if len(steps) == 1:
+        only = steps[0]
+        return lambda value: None if value is None else only(value)
+
+    def convert_all(value: Any) -> Any:
+        for step in steps:
+            if value is None:
+                return None
+            value = step(value)
+        return value
+
+    return convert_all
+
+
+def _quick(conn: BaseDatabaseWrapper, col: Any, c: Any) -> Callable[[Any], Any] | None:
+    """``c`` as a function of a non-NULL value, if it is one of Django's converters known to keep
+    NULL (and to do exactly this with anything else); None otherwise."""
+    func, owner = getattr(c, "__func__", None), getattr(c, "__self__", None)
+    if func is None:
+        return None
+    if conn.vendor == "sqlite" and owner is conn.ops:
+        from django.db.backends.sqlite3.operations import DatabaseOperations as SQLite
+
+        if func is SQLite.convert_datetimefield_value:
+
+            def aware(value: Any) -> Any:
+                # convert_datetimefield_value on a naive datetime (what sqlite3 hands back):
+                # with USE_TZ, timezone.make_aware(value, conn.timezone), which is this replace
+                if type(value) is datetime and value.tzinfo is None:
+                    return value.replace(tzinfo=conn.timezone) if use_tz() else value
+                return c(value, col, conn)
+
+            return aware
+        if func is SQLite.convert_uuidfield_value:
+            return uuid.UUID
+        if func is SQLite.convert_booleanfield_value:
+            return lambda value: bool(value) if value in (1, 0) else value
+        return None
+    if func is JSONField.from_db_value and type(owner) is StoredJSONField and owner.decoder is StoredJSONDecoder:
+
+        def stored_json(value: Any) -> Any:
+            # JSONField.from_db_value on a column: json.loads(value, cls=StoredJSONDecoder), which
+            # is storable.loads; text that is not JSON comes back as it is
+            if type(value) is str:
+                try:
+                    return loads(value)
+                except json.JSONDecodeError:
+                    return value
+            return c(value, col, conn)
+
+        return stored_json
+    if func is StoredTextField.from_db_value:
+        return lambda value: c(value, col, conn)
+    return None

@@ -31,12 +31,10 @@ from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import Any, cast
 
-from django.conf import settings
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import AutoField, Field, Model
-from django.db.models.expressions import Col
 from django.db.models.signals import post_save, pre_save
 
 from ..models import AgentRun, Decision, RunMessage, ToolCall
@@ -53,8 +51,8 @@ from . import driver
 
 #: built statements: (vendor, what, model, ...) -> (sql, fields)
 _statements: dict[tuple[Any, ...], tuple[str, tuple[Field[Any, Any], ...]]] = {}
-#: (vendor, model, field names or None for all) -> each column and the converters of its values
-_readers: dict[tuple[Any, ...], list[tuple[Col, list[Callable[..., Any]]]]] = {}
+#: (vendor, model, field names or None for all) -> (index, converter) of each column with converters
+_readers: dict[tuple[Any, ...], list[tuple[int, Callable[[Any], Any]]]] = {}
 
 #: id(field) -> the field and how its values are prepared for the database (:func:`_saver`)
 _savers: dict[int, tuple[Field[Any, Any], Callable[[Any, BaseDatabaseWrapper], Any]]] = {}
@@ -173,7 +171,7 @@ def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], 
     if kind is models.DateTimeField:
 
         def datetime_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
-            if type(v) is datetime and v.tzinfo is not None and _use_tz():
+            if type(v) is datetime and v.tzinfo is not None and driver.use_tz():
                 if conn.vendor == "sqlite":  # its adapt_datetimefield_value for an aware value
                     # A batch writes one ``now`` in many rows: converted once.
                     last = _last_datetime
@@ -220,21 +218,9 @@ def _remember_datetime(v: datetime, conn: BaseDatabaseWrapper, text: str) -> Non
     _last_datetime = (v, conn, text)
 
 
-#: ``settings.USE_TZ``, read once per change of it (``settings`` is a lazy object: each read of
-#: it is a Python call)
-_tz: list[bool] = []
-
-
-def _use_tz() -> bool:
-    if not _tz:
-        _tz.append(bool(settings.USE_TZ))
-    return _tz[0]
-
-
 def _forget_settings(*, setting: str, **kwargs: Any) -> None:
     global _last_datetime
     if setting in ("USE_TZ", "TIME_ZONE", "DATABASES"):
-        _tz.clear()
         _last_datetime = (None, None, "")
 
 
@@ -419,29 +405,32 @@ def _requeue_returning(
 
 # --- reading -------------------------------------------------------------------------------------
 
-Reader = list[tuple[Col, list[Callable[..., Any]]]]
+#: the columns that have converters: (index in the row, the converters applied in turn)
+Reader = list[tuple[int, Callable[[Any], Any]]]
 
 
 def _reader(conn: BaseDatabaseWrapper, model: type[Model], names: Sequence[str] | None = None) -> Reader:
-    """Each field's column (every concrete field by default) and the converters the ORM applies
-    to its values (the backend's, then the field's ``from_db_value``: ``SQLCompiler.get_converters``)."""
+    """For each field (every concrete field by default) with converters, the ORM's converters of
+    its values (the backend's, then the field's ``from_db_value``: ``SQLCompiler.get_converters``)
+    as one function (:func:`.driver.converter`)."""
     key = (conn.vendor, model, tuple(names) if names is not None else None)
     reader = _readers.get(key)
     if reader is None:
         fields = model._meta.concrete_fields if names is None else [_field(model, n) for n in names]
         reader = []
-        for field in fields:
+        for i, field in enumerate(fields):
             col = field.get_col(model._meta.db_table)
-            reader.append((col, conn.ops.get_db_converters(col) + col.get_db_converters(conn)))
+            converters = conn.ops.get_db_converters(col) + col.get_db_converters(conn)
+            if converters:
+                reader.append((i, driver.converter(conn, col, converters)))
         _readers[key] = reader
     return reader
 
 
 def _convert(conn: BaseDatabaseWrapper, reader: Reader, row: Sequence[Any]) -> list[Any]:
     values = list(row)
-    for i, (col, converters) in enumerate(reader):
-        for converter in converters:
-            values[i] = converter(values[i], col, conn)
+    for i, convert in reader:
+        values[i] = convert(values[i])
     return values
 
 
@@ -617,7 +606,7 @@ def calls_with_decisions(run_id: Any, call_ids: Sequence[str]) -> list[ToolCall]
     sql, (run_field,) = built
     rows = _execute(conn, sql, [run_field.get_db_prep_value(run_id, conn), *call_ids], fetch=True)
     calls_reader, decisions_reader = _reader(conn, ToolCall), _reader(conn, Decision)
-    n = len(calls_reader)
+    n = len(ToolCall._meta.concrete_fields)
     relation: Any = ToolCall._meta.get_field("decision")  # the reverse one-to-one
     link = _field(Decision, "tool_call")
     calls = []

@@ -173,3 +173,42 @@ def test_a_resume_reads_its_messages_in_seq_order_or_reads_them_apart(monkeypatc
     assert module._sqlite_run_and_messages(connection, "default", run.pk, RunStatus.QUEUED) is None  # out of order
     got, messages = sql.run_and_messages(run.pk, RunStatus.QUEUED)
     assert got is not None and [m["seq"] for m in messages] == [0, 1, 2]
+
+
+def test_each_columns_quick_converter_is_the_orms_converters() -> None:
+    """A column's values read here are converted by one function per column (issue 34): for every
+    column of the hot path's models and raw values of every kind a driver hands back, the same
+    value as the ORM's converters applied in turn."""
+    import uuid as uuid_module
+    from datetime import datetime
+
+    from nexo_django.durable import driver
+    from nexo_django.models import Decision, ToolCall
+    from nexo_django.storable import TEXT_MARK
+
+    key = uuid_module.uuid4()
+    raw: list[Any] = [None, "", "text", TEXT_MARK + "%41", '{"a": [1, 2.5, null]}', "[1, 2]", "not json {", "\ufeff{}",
+                      0, 1, 2, 1.5, key.hex, str(key), key, WHEN, WHEN.replace(tzinfo=None), datetime(2026, 1, 2, 3, 4, 5)]
+    checked = 0
+    for model in (AgentRun, RunMessage, RunEvent, ToolCall, Decision):
+        for field in model._meta.concrete_fields:
+            col = field.get_col(model._meta.db_table)
+            converters = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            if not converters:
+                continue
+            quick = driver.converter(connection, col, converters)
+            for value in raw:
+                try:
+                    expected = value
+                    for c in converters:
+                        expected = c(expected, col, connection)
+                except Exception as exc:  # noqa: BLE001 - the quick one must fail alike
+                    with pytest.raises(type(exc)):
+                        quick(value)
+                    continue
+                got = quick(value)
+                assert (type(got), got) == (type(expected), expected), (field, value)
+                if isinstance(expected, datetime):
+                    assert got.tzinfo == expected.tzinfo
+                checked += 1
+    assert checked > 100
