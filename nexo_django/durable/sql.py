@@ -487,6 +487,17 @@ def refresh(obj: Model, alias: str | None = None) -> None:
         raise model.DoesNotExist(f"{model.__name__} matching query does not exist.")  # type: ignore[attr-defined]
     if hasattr(obj, "_prefetched_objects_cache"):
         obj._prefetched_objects_cache = {}
+    names, cached = _refreshed(model)
+    if names is not None:  # plain attributes (driver.plain_names): stored as setattr stores them
+        attributes, fresh_attributes = obj.__dict__, fresh.__dict__
+        for name in names:
+            attributes[name] = fresh_attributes[name]
+        cache = obj._state.fields_cache
+        if cache:  # the relations' cached objects, forward and reverse, as is_cached/delete_cached_value
+            for name in cached:
+                cache.pop(name, None)
+        obj._state.db = fresh._state.db
+        return
     for field in model._meta.concrete_fields:
         setattr(obj, field.attname, getattr(fresh, field.attname))
         if field.is_relation and field.is_cached(obj):  # type: ignore[attr-defined]
@@ -495,6 +506,18 @@ def refresh(obj: Model, alias: str | None = None) -> None:
         if relation.is_cached(obj):
             relation.delete_cached_value(obj)
     obj._state.db = fresh._state.db
+
+
+#: model -> (its plain attribute names or None, the cache names of its relations): :func:`refresh`
+_refresh_plan: dict[type[Model], tuple[tuple[str, ...] | None, tuple[str, ...]]] = {}
+
+
+def _refreshed(model: type[Model]) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    plan = _refresh_plan.get(model)
+    if plan is None:
+        relations = [f for f in model._meta.concrete_fields if f.is_relation] + list(model._meta.related_objects)
+        plan = _refresh_plan[model] = (driver.plain_names(model), tuple(r.cache_name for r in relations))  # type: ignore[union-attr]
+    return plan
 
 
 def values(model: type[Model], name: str, order_by: str, **where: Any) -> list[Any]:

@@ -212,3 +212,21 @@ def test_each_columns_quick_converter_is_the_orms_converters() -> None:
                     assert got.tzinfo == expected.tzinfo
                 checked += 1
     assert checked > 100
+
+
+def test_a_refresh_stores_the_row_and_drops_every_cached_relation() -> None:
+    """``sql.refresh`` stores a plain model's attributes as they are (issue 34) and drops what
+    ``refresh_from_db`` drops: forward relations' and reverse one-to-one cached objects."""
+    from nexo_django.models import CallStatus, Decision, ToolCall
+
+    run = a_run()
+    run.save(force_insert=True)
+    call = ToolCall.objects.create(run=run, tool_call_id="c1", name="write", capability="write", args={},
+                                   digest="d" * 64, status=CallStatus.APPROVED)
+    Decision.objects.create(tool_call=call, verdict="approved", digest="d" * 64)
+    (read,) = sql.calls_with_decisions(run.pk, ["c1"])
+    assert read.run is not None and ToolCall.run.is_cached(read) and ToolCall.decision.related.is_cached(read)
+    ToolCall.objects.filter(pk=call.pk).update(status=CallStatus.SUCCEEDED, result={"ok": 1})
+    sql.refresh(read)
+    assert not ToolCall.run.is_cached(read) and not ToolCall.decision.related.is_cached(read)
+    assert fields(read) == fields(ToolCall.objects.get(pk=call.pk))
