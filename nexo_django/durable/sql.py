@@ -875,18 +875,30 @@ def _step_params(conn: BaseDatabaseWrapper, step: tuple[Any, ...]) -> list[Any]:
     kind = step[0]
     if kind == "update":
         model, where, values = step[1:]
-        params = [_saver(_field(model, name))(v, conn) for name, v in values.items()]
-        return params + _lookup_params(conn, [_field(model, name) for name in where], where.values())
+        shape: tuple[Any, ...] = ("update-step", model, tuple(values), tuple(where))
+        found = _step_fields.get(shape)
+        if found is None:
+            found = _step_fields[shape] = tuple(_field(model, name) for name in (*values, *where))
+        n = len(values)
+        params = [save(v, conn) for save, v in zip(_savers_of(shape, found[:n]), values.values(), strict=True)]
+        return params + _lookup_params(conn, found[n:], where.values())
     if kind == "create":
-        fields = _insert_fields(type(step[1][0]))
-        prepared = [(f, _saver(f)) for f in fields]
+        model = type(step[1][0])
+        fields = _insert_fields(model)
+        prepared = tuple(zip(fields, _savers_of(("create-step", model), fields), strict=True))
         return [save(f.pre_save(obj, add=True), conn) for obj in step[1] for f, save in prepared]
     if kind == "insert":
         model, names, rows = step[1:]
-        fields = [_field(model, name) for name in names]
-        savers = [_saver(f) for f in fields]
+        shape = ("insert-step", model, names)
+        savers = _statement_savers.get(shape)
+        if savers is None:
+            savers = _savers_of(shape, [_field(model, name) for name in names])
         return [save(v, conn) for values in rows for save, v in zip(savers, values, strict=True)]
     return _requeue_params(conn, *step[1:])
+
+
+#: a step's shape -> the fields its values and lookups go to (:func:`_step_params`)
+_step_fields: dict[tuple[Any, ...], tuple[Field[Any, Any], ...]] = {}
 
 
 def _cast_type(conn: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
