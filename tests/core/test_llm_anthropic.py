@@ -74,8 +74,13 @@ def server() -> Iterator[WireServer]:
         yield wire
 
 
-@pytest.fixture
-def client() -> Iterator[httpx.Client]:
+@pytest.fixture(params=["own client", "shared client"])
+def client(request: pytest.FixtureRequest) -> Iterator[httpx.Client | None]:
+    """A client of the caller's (its requests go through httpx's ``Client.send``), and none: the
+    process's shared client, whose requests go straight to its transport (``ProviderHTTP._open``)."""
+    if request.param == "shared client":
+        yield None
+        return
     with httpx.Client() as http_client:
         yield http_client
 
@@ -86,7 +91,7 @@ def sleeps() -> list[float]:
 
 
 @pytest.fixture
-def model(server: WireServer, client: httpx.Client, sleeps: list[float]) -> AnthropicModel:
+def model(server: WireServer, client: httpx.Client | None, sleeps: list[float]) -> AnthropicModel:
     return AnthropicModel(
         "claude-sonnet-4-5", api_key="sk-ant-test-9", base_url=server.url, client=client, timeout=5, sleep=sleeps.append
     )
@@ -179,7 +184,7 @@ def test_an_assistant_turn_with_only_tool_calls_sends_no_empty_text(server: Wire
     assert [m["role"] for m in sent] == ["user", "assistant", "user"]
 
 
-def test_max_tokens_and_extra_body_are_sent(server: WireServer, client: httpx.Client) -> None:
+def test_max_tokens_and_extra_body_are_sent(server: WireServer, client: httpx.Client | None) -> None:
     server.play(Answer(body=text("ok")))
     model = AnthropicModel(
         "claude-haiku-4-5", base_url=server.url, client=client, max_tokens=512, extra_body={"temperature": 0.2}
@@ -262,7 +267,7 @@ def test_429_then_success_waits_as_retry_after_says(server: WireServer, model: A
     assert len(server.requests) == 2
 
 
-def test_529_overloaded_exhausted_raises_a_model_error(server: WireServer, client: httpx.Client, sleeps: list[float]) -> None:
+def test_529_overloaded_exhausted_raises_a_model_error(server: WireServer, client: httpx.Client | None, sleeps: list[float]) -> None:
     model = AnthropicModel("claude-sonnet-4-5", base_url=server.url, client=client, max_retries=3, sleep=sleeps.append)
     server.play(*[Answer(529, api_error("overloaded_error", "Overloaded")) for _ in range(4)])
     with pytest.raises(ProviderError) as caught:
@@ -273,7 +278,7 @@ def test_529_overloaded_exhausted_raises_a_model_error(server: WireServer, clien
     assert len(sleeps) == 3
 
 
-def test_500s_exhausted_raise_a_model_error(server: WireServer, client: httpx.Client, sleeps: list[float]) -> None:
+def test_500s_exhausted_raise_a_model_error(server: WireServer, client: httpx.Client | None, sleeps: list[float]) -> None:
     model = AnthropicModel("claude-sonnet-4-5", base_url=server.url, client=client, max_retries=1, sleep=sleeps.append)
     server.play(*[Answer(500, api_error("api_error", "Internal server error")) for _ in range(2)])
     with pytest.raises(ModelError, match="Internal server error.*gave up after 2 attempts"):
@@ -323,7 +328,7 @@ def test_no_key_for_api_anthropic_com_is_a_configuration_error(monkeypatch: pyte
 
 
 def test_key_and_base_url_come_from_the_environment(
-    server: WireServer, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+    server: WireServer, client: httpx.Client | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-env")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url + "/proxy")
@@ -438,7 +443,7 @@ def test_thinking_blocks_are_kept_and_sent_back_before_the_tool_result(anthropic
     assert next(m for m in result.transcript if m["role"] == "assistant")["opaque"]["provider"] == "anthropic"
 
 
-def test_interleaved_thinking_text_and_calls_keep_their_order(anthropic_server: WireServer, client: httpx.Client) -> None:
+def test_interleaved_thinking_text_and_calls_keep_their_order(anthropic_server: WireServer, client: httpx.Client | None) -> None:
     blocks = [
         thinking("First the file.", SIGNATURE + "1"),
         {"type": "text", "text": "Reading a. "},
@@ -460,7 +465,7 @@ def test_interleaved_thinking_text_and_calls_keep_their_order(anthropic_server: 
     assert anthropic_server.requests[1].body["messages"][1]["content"] == blocks
 
 
-def test_a_changed_thinking_block_gets_anthropics_400(anthropic_server: WireServer, client: httpx.Client) -> None:
+def test_a_changed_thinking_block_gets_anthropics_400(anthropic_server: WireServer, client: httpx.Client | None) -> None:
     anthropic_server.play(Answer(body=message([thinking(), tool_use("toolu_c", "read", {"path": "a"})], "tool_use")))
     model = AnthropicModel("claude-sonnet-4-5", base_url=anthropic_server.url, client=client, extra_body={"thinking": THINKING})
     reply = model.complete(USER, []).message
@@ -470,7 +475,7 @@ def test_a_changed_thinking_block_gets_anthropics_400(anthropic_server: WireServ
         model.complete(transcript, [])
 
 
-def test_thinking_blocks_go_back_only_to_the_host_that_made_them(server: WireServer, client: httpx.Client) -> None:
+def test_thinking_blocks_go_back_only_to_the_host_that_made_them(server: WireServer, client: httpx.Client | None) -> None:
     # The same transcript sent to another Anthropic-compatible host carries no signature of ours.
     reply = {
         "role": "assistant", "content": "Reading.",
@@ -483,7 +488,7 @@ def test_thinking_blocks_go_back_only_to_the_host_that_made_them(server: WireSer
     assert [b["type"] for b in server.requests[0].body["messages"][1]["content"]] == ["text", "tool_use"]
 
 
-def test_an_openai_reply_with_opaque_parts_sends_nothing_of_them_to_anthropic(server: WireServer, client: httpx.Client) -> None:
+def test_an_openai_reply_with_opaque_parts_sends_nothing_of_them_to_anthropic(server: WireServer, client: httpx.Client | None) -> None:
     reply = {
         "role": "assistant", "content": None,
         "tool_calls": [{"id": "call_1", "name": "read", "args": {"path": "a"}}],
@@ -564,7 +569,7 @@ def test_a_refusal_keeps_the_text_it_came_with(server: WireServer, model: Anthro
     assert model.complete(USER, []).message["content"] == "I can't help with that."
 
 
-def test_pause_turn_continues_the_turn_with_the_paused_content(anthropic_server: WireServer, client: httpx.Client) -> None:
+def test_pause_turn_continues_the_turn_with_the_paused_content(anthropic_server: WireServer, client: httpx.Client | None) -> None:
     search = {"type": "server_tool_use", "id": "srvtoolu_01", "name": "web_search", "input": {"query": "django 6"}}
     found = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_01",
              "content": [{"type": "web_search_result", "url": "https://www.djangoproject.com/", "title": "Django",

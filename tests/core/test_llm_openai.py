@@ -93,8 +93,13 @@ def server() -> Iterator[WireServer]:
         yield wire
 
 
-@pytest.fixture
-def client() -> Iterator[httpx.Client]:
+@pytest.fixture(params=["own client", "shared client"])
+def client(request: pytest.FixtureRequest) -> Iterator[httpx.Client | None]:
+    """A client of the caller's (its requests go through httpx's ``Client.send``), and none: the
+    process's shared client, whose requests go straight to its transport (``ProviderHTTP._open``)."""
+    if request.param == "shared client":
+        yield None
+        return
     with httpx.Client() as http_client:
         yield http_client
 
@@ -105,7 +110,7 @@ def sleeps() -> list[float]:
 
 
 @pytest.fixture
-def model(server: WireServer, client: httpx.Client, sleeps: list[float]) -> OpenAIModel:
+def model(server: WireServer, client: httpx.Client | None, sleeps: list[float]) -> OpenAIModel:
     return OpenAIModel(
         "gpt-4.1-mini", api_key="sk-test-123", base_url=server.url + "/v1", client=client, timeout=5, sleep=sleeps.append
     )
@@ -126,6 +131,29 @@ def test_request_goes_to_chat_completions_with_bearer_key(server: WireServer, mo
     assert request.headers["authorization"] == "Bearer sk-test-123"
     assert request.headers["content-type"] == "application/json"
     assert request.body["model"] == "gpt-4.1-mini"
+
+
+def test_the_request_carries_the_clients_headers_and_compact_json(
+    server: WireServer, model: OpenAIModel, client: httpx.Client | None,
+) -> None:
+    # The shared client's requests skip httpx's Client layers: what it would add must still go.
+    server.play(Answer(body=text("ok")))
+    model.complete([{"role": "user", "content": "héllo"}], [])
+    [request] = server.requests
+    expected = httpx.Client(headers=None if client is not None else {"user-agent": "nexo-django/0.1"}).headers
+    assert request.headers["user-agent"] == expected["user-agent"]
+    assert request.headers["accept-encoding"] == expected["accept-encoding"]
+    assert request.headers["host"] == server.url.removeprefix("http://")
+    assert request.body["messages"] == [{"role": "user", "content": "héllo"}]
+    compact = json.dumps(request.body, ensure_ascii=False, separators=(",", ":")).encode()
+    assert int(request.headers["content-length"]) == len(compact)  # UTF-8, no spaces, as httpx's json=
+
+
+def test_a_nan_in_the_request_is_refused_before_anything_is_sent(server: WireServer, model: OpenAIModel) -> None:
+    model.extra_body = {"temperature": float("nan")}
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        model.complete(USER, [])
+    assert server.requests == []
 
 
 def test_system_and_user_messages_keep_their_roles(server: WireServer, model: OpenAIModel) -> None:
@@ -192,7 +220,7 @@ def test_assistant_tool_calls_and_results_are_converted(server: WireServer, mode
     assert sent[3] == {"role": "tool", "tool_call_id": "call_b", "content": '{"error": "denied"}'}
 
 
-def test_extra_body_and_headers_are_sent(server: WireServer, client: httpx.Client) -> None:
+def test_extra_body_and_headers_are_sent(server: WireServer, client: httpx.Client | None) -> None:
     server.play(Answer(body=text("ok")))
     model = OpenAIModel(
         "gpt-4.1-mini",
@@ -292,7 +320,7 @@ def test_retry_after_as_an_http_date_is_honoured(server: WireServer, model: Open
     assert 28 <= waited <= 30
 
 
-def test_429_with_the_real_sleep_succeeds(server: WireServer, client: httpx.Client) -> None:
+def test_429_with_the_real_sleep_succeeds(server: WireServer, client: httpx.Client | None) -> None:
     model = OpenAIModel("gpt-4.1-mini", base_url=server.url + "/v1", client=client)
     server.play(Answer(429, api_error("Rate limit", "requests"), {"retry-after": "0.01"}), Answer(body=text("ok")))
     started = time.monotonic()
@@ -300,7 +328,7 @@ def test_429_with_the_real_sleep_succeeds(server: WireServer, client: httpx.Clie
     assert time.monotonic() - started < 2
 
 
-def test_500s_exhausted_raise_a_model_error(server: WireServer, client: httpx.Client, sleeps: list[float]) -> None:
+def test_500s_exhausted_raise_a_model_error(server: WireServer, client: httpx.Client | None, sleeps: list[float]) -> None:
     model = OpenAIModel("gpt-4.1-mini", base_url=server.url + "/v1", client=client, max_retries=2, sleep=sleeps.append)
     failure = api_error("The server had an error while processing your request. Sorry about that!", "server_error")
     server.play(*[Answer(500, failure) for _ in range(3)])
@@ -345,14 +373,14 @@ def test_a_retry_after_beyond_the_bound_fails_at_once(server: WireServer, model:
     assert sleeps == []
 
 
-def test_a_refused_connection_is_retried_then_reported(client: httpx.Client, sleeps: list[float]) -> None:
+def test_a_refused_connection_is_retried_then_reported(client: httpx.Client | None, sleeps: list[float]) -> None:
     model = OpenAIModel("m", base_url=f"http://127.0.0.1:{free_port()}/v1", client=client, max_retries=2, sleep=sleeps.append)
     with pytest.raises(ModelError, match=r"openai: could not reach .* after 3 attempt\(s\): ConnectError"):
         model.complete(USER, [])
     assert len(sleeps) == 2
 
 
-def test_a_slow_server_hits_the_timeout(server: WireServer, client: httpx.Client) -> None:
+def test_a_slow_server_hits_the_timeout(server: WireServer, client: httpx.Client | None) -> None:
     server.play(Answer(body=text("late"), delay=1.0))
     model = OpenAIModel("m", base_url=server.url + "/v1", client=client, timeout=0.2, max_retries=0)
     started = time.monotonic()
@@ -380,7 +408,7 @@ def test_no_key_for_api_openai_com_is_a_configuration_error(monkeypatch: pytest.
         OpenAIModel("gpt-4.1-mini")
 
 
-def test_a_local_server_needs_no_key(server: WireServer, client: httpx.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_local_server_needs_no_key(server: WireServer, client: httpx.Client | None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     server.play(Answer(body=text("ok")))
     OpenAIModel("llama3.2", base_url=server.url + "/v1", client=client).complete(USER, [])
@@ -388,7 +416,7 @@ def test_a_local_server_needs_no_key(server: WireServer, client: httpx.Client, m
 
 
 def test_key_and_base_url_come_from_the_environment(
-    server: WireServer, client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+    server: WireServer, client: httpx.Client | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
     monkeypatch.setenv("OPENAI_BASE_URL", server.url + "/custom/v1/")
@@ -526,7 +554,7 @@ def test_gemini_thought_signatures_go_back_on_their_tool_calls(gemini_server: Wi
     assert "extra_content" not in sent[1]
 
 
-def test_openrouter_reasoning_details_go_back_unchanged(server: WireServer, client: httpx.Client) -> None:
+def test_openrouter_reasoning_details_go_back_unchanged(server: WireServer, client: httpx.Client | None) -> None:
     details = [
         {"type": "reasoning.text", "text": "Read the file first.", "signature": "sig-or-1", "format": "anthropic-claude-v1", "index": 0},
         {"type": "reasoning.encrypted", "data": "gAAAAABo...", "format": "openai-responses-v1", "index": 1},
@@ -544,7 +572,7 @@ def test_openrouter_reasoning_details_go_back_unchanged(server: WireServer, clie
     assert "reasoning" not in sent  # only what the server asks back is sent
 
 
-def test_opaque_parts_never_go_to_another_server(server: WireServer, client: httpx.Client) -> None:
+def test_opaque_parts_never_go_to_another_server(server: WireServer, client: httpx.Client | None) -> None:
     reply = {
         "role": "assistant", "content": None,
         "tool_calls": [{"id": "call_1", "name": "read", "args": {"path": "a"}}],

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
@@ -50,6 +51,10 @@ class Command(BaseCommand):
         )
         for conn in connections.all(initialized_only=True):
             conn.close()  # each thread opens its own
+        # What is alive now (Django, the apps, the worker) lives as long as the process: out of
+        # the collector's sight, its full collections no longer walk it (a few % of a run's CPU).
+        gc.collect()
+        gc.freeze()
         try:
             worker.work(burst=options["burst"], with_scheduler=options["with_scheduler"], logging_level=level)
         except RedisConnectionError as exc:
