@@ -25,14 +25,12 @@ The ORM stays for the admin and rare paths, and for :func:`create` whenever a ``
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from typing import Any, cast
 
-from django.core.signals import setting_changed
-from django.db import DEFAULT_DB_ALIAS, connections, models, router, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import AutoField, Field, Model
 from django.db.models.signals import post_save, pre_save
@@ -40,22 +38,14 @@ from django.db.models.signals import post_save, pre_save
 from ..models import AgentRun, Decision, RunMessage, ToolCall
 from ..storable import (
     StoredJSONDecoder,
-    StoredJSONEncoder,
-    StoredJSONField,
-    StoredTextField,
-    dumps,
-    escape_text,
     loads,
 )
-from . import driver
+from . import driver, savers
 
 #: built statements: (vendor, what, model, ...) -> (sql, fields)
 _statements: dict[tuple[Any, ...], tuple[str, tuple[Field[Any, Any], ...]]] = {}
 #: (vendor, model, field names or None for all) -> (index, converter) of each column with converters
 _readers: dict[tuple[Any, ...], list[tuple[int, Callable[[Any], Any]]]] = {}
-
-#: id(field) -> the field and how its values are prepared for the database (:func:`_saver`)
-_savers: dict[int, tuple[Field[Any, Any], Callable[[Any, BaseDatabaseWrapper], Any]]] = {}
 
 #: a batch with more values than this runs step by step (a server-side binding connection allows
 #: 65535 parameters in one statement; client-side binding, Django's default, has no such limit)
@@ -129,108 +119,6 @@ def _where(conn: BaseDatabaseWrapper, model: type[Model], names: Iterable[str]) 
     return " AND ".join(f"{_column(conn, model, f)} = %s" for f in fields), fields
 
 
-def _saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], Any]:
-    """``field.get_db_prep_save`` for the values the hot path writes, without its layers: the
-    same result, by the same backend function, for a ``str`` in a char or text field, a ``bool``,
-    an aware ``datetime`` (with ``USE_TZ``), a ``dict`` or ``list`` in a JSON field, a ``UUID`` in a
-    UUID field or a foreign key to one; None in any of Django's fields of those kinds (SQL NULL, as
-    their ``get_db_prep_save`` says). Any other value, or a field class of someone else's (a
-    subclass may prepare differently), goes through ``get_db_prep_save`` itself."""
-    found = _savers.get(id(field))  # by identity: a field's own hash is a Python method
-    if found is None or found[0] is not field:
-        found = _savers[id(field)] = (field, _make_saver(field))  # the field kept: its id stays its own
-    return found[1]
-
-
-#: a built statement's key -> the savers of its fields (:func:`_savers_of`)
-_statement_savers: dict[tuple[Any, ...], tuple[Callable[[Any, BaseDatabaseWrapper], Any], ...]] = {}
-
-
-def _savers_of(key: tuple[Any, ...], fields: Sequence[Field[Any, Any]]) -> tuple[Callable[[Any, BaseDatabaseWrapper], Any], ...]:
-    """The savers of ``fields``, the fields of the statement built under ``key`` (looked up once
-    for it, not once per value)."""
-    savers = _statement_savers.get(key)
-    if savers is None:
-        savers = _statement_savers[key] = tuple(_saver(f) for f in fields)
-    return savers
-
-
-def _make_saver(field: Field[Any, Any]) -> Callable[[Any, BaseDatabaseWrapper], Any]:
-    slow = field.get_db_prep_save
-    kind = type(field)
-    if kind in (models.CharField, models.TextField):
-        return lambda v, conn: v if type(v) is str or v is None else slow(v, conn)
-    if kind is StoredTextField:  # its get_prep_value: the text as stored (storable.escape_text)
-        return lambda v, conn: escape_text(v) if type(v) is str else slow(v, conn)
-    if kind is models.BooleanField:
-        return lambda v, conn: v if type(v) is bool or v is None else slow(v, conn)
-    if kind in _INTEGER_FIELDS:  # get_prep_value is int(v): the backend's adaptation is what is left
-        internal = field.get_internal_type()
-        return lambda v, conn: (conn.ops.adapt_integerfield_value(v, internal) if type(v) is int
-                                else None if v is None else slow(v, conn))
-    if kind is models.DateTimeField:
-
-        def datetime_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
-            if type(v) is datetime and v.tzinfo is not None and driver.use_tz():
-                if conn.vendor == "sqlite":  # its adapt_datetimefield_value for an aware value
-                    # A batch writes one ``now`` in many rows: converted once.
-                    last = _last_datetime
-                    if last[0] is v and last[1] is conn:
-                        return last[2]
-                    text = str(v.astimezone(conn.timezone).replace(tzinfo=None))
-                    _remember_datetime(v, conn, text)
-                    return text
-                return conn.ops.adapt_datetimefield_value(v)
-            return None if v is None else slow(v, conn)
-
-        return datetime_saver
-    if kind is StoredJSONField and field.encoder is StoredJSONEncoder:  # type: ignore[attr-defined]
-        # On SQLite adapt_json_value(v, encoder) is json.dumps(v, cls=encoder): the codec's text,
-        # without building an encoder per value. Elsewhere the backend's own (psycopg's Jsonb).
-        def stored_json_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
-            if type(v) not in (dict, list):
-                return None if v is None else slow(v, conn)
-            return dumps(v) if conn.vendor == "sqlite" else conn.ops.adapt_json_value(v, StoredJSONEncoder)
-
-        return stored_json_saver
-    if kind in (models.JSONField, StoredJSONField):
-        encoder = field.encoder  # type: ignore[attr-defined]
-        return lambda v, conn: (conn.ops.adapt_json_value(v, encoder) if type(v) in (dict, list)
-                                else None if v is None else slow(v, conn))
-    target = field.target_field if kind is models.ForeignKey else field  # type: ignore[attr-defined]
-    if type(target) is models.UUIDField:
-
-        def uuid_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
-            if type(v) is uuid.UUID:
-                return v if conn.features.has_native_uuid_field else v.hex
-            return None if v is None else slow(v, conn)
-
-        return uuid_saver
-    return slow
-
-
-#: the last aware datetime the SQLite saver converted: (value, connection, text)
-_last_datetime: tuple[Any, Any, str] = (None, None, "")
-
-
-def _remember_datetime(v: datetime, conn: BaseDatabaseWrapper, text: str) -> None:
-    global _last_datetime
-    _last_datetime = (v, conn, text)
-
-
-def _forget_settings(*, setting: str, **kwargs: Any) -> None:
-    global _last_datetime
-    if setting in ("USE_TZ", "TIME_ZONE", "DATABASES"):
-        _last_datetime = (None, None, "")
-
-
-setting_changed.connect(_forget_settings, dispatch_uid="nexo_django.durable.sql.forget_settings")
-
-
-_INTEGER_FIELDS = (models.IntegerField, models.SmallIntegerField, models.BigIntegerField,
-                   models.PositiveIntegerField, models.PositiveSmallIntegerField, models.PositiveBigIntegerField)
-
-
 def _lookup_params(conn: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]], values: Iterable[Any]) -> list[Any]:
     params = []
     for field, value in zip(fields, values, strict=True):
@@ -267,8 +155,8 @@ def insert(
                 sql += f" RETURNING {_column(conn, model, _pk(model))}"
             built = _statements[key] = (sql, fields)
         sql, fields = built
-        savers = _savers_of(key, fields)
-        params = [save(v, conn) for values in batch for save, v in zip(savers, values, strict=True)]
+        saves = savers.savers_of(key, fields)
+        params = [save(v, conn) for values in batch for save, v in zip(saves, values, strict=True)]
         if returning:
             pks.extend(r[0] for r in _execute(conn, sql, params, fetch=True))
         else:
@@ -327,7 +215,7 @@ def update(model: type[Model], where: dict[str, Any], values: dict[str, Any], *,
         built = _statements[key] = (sql, set_fields + where_fields)
     sql, fields = built
     n = len(values)
-    params = [save(v, conn) for save, v in zip(_savers_of(key, fields[:n]), values.values(), strict=True)]
+    params = [save(v, conn) for save, v in zip(savers.savers_of(key, fields[:n]), values.values(), strict=True)]
     params += _lookup_params(conn, fields[n:], where.values())
     return int(_execute(conn, sql, params))
 
@@ -369,7 +257,7 @@ def _requeue_params(
     conn: BaseDatabaseWrapper, run_id: Any, old: str, new: str, now: datetime, unless_pending: str | None,
     besides: Any = None,
 ) -> list[Any]:
-    params = [new, _saver(_field(AgentRun, "updated_at"))(now, conn), _pk(AgentRun).get_db_prep_value(run_id, conn), old]
+    params = [new, savers.saver(_field(AgentRun, "updated_at"))(now, conn), _pk(AgentRun).get_db_prep_value(run_id, conn), old]
     if unless_pending is not None:
         params.append(unless_pending)
     if besides is not None:
@@ -880,20 +768,18 @@ def _step_params(conn: BaseDatabaseWrapper, step: tuple[Any, ...]) -> list[Any]:
         if found is None:
             found = _step_fields[shape] = tuple(_field(model, name) for name in (*values, *where))
         n = len(values)
-        params = [save(v, conn) for save, v in zip(_savers_of(shape, found[:n]), values.values(), strict=True)]
+        params = [save(v, conn) for save, v in zip(savers.savers_of(shape, found[:n]), values.values(), strict=True)]
         return params + _lookup_params(conn, found[n:], where.values())
     if kind == "create":
         model = type(step[1][0])
         fields = _insert_fields(model)
-        prepared = tuple(zip(fields, _savers_of(("create-step", model), fields), strict=True))
+        prepared = tuple(zip(fields, savers.savers_of(("create-step", model), fields), strict=True))
         return [save(f.pre_save(obj, add=True), conn) for obj in step[1] for f, save in prepared]
     if kind == "insert":
         model, names, rows = step[1:]
         shape = ("insert-step", model, names)
-        savers = _statement_savers.get(shape)
-        if savers is None:
-            savers = _savers_of(shape, [_field(model, name) for name in names])
-        return [save(v, conn) for values in rows for save, v in zip(savers, values, strict=True)]
+        saves = savers.known(shape) or savers.savers_of(shape, [_field(model, name) for name in names])
+        return [save(v, conn) for values in rows for save, v in zip(saves, values, strict=True)]
     return _requeue_params(conn, *step[1:])
 
 

@@ -13,7 +13,7 @@ from django.db.models import Model
 from django.db.models.signals import post_save
 from django.test.utils import CaptureQueriesContext
 
-from nexo_django.durable import sql
+from nexo_django.durable import savers, sql
 from nexo_django.models import (
     AgentRun,
     CallStatus,
@@ -484,9 +484,9 @@ def test_each_fields_fast_preparation_is_get_db_prep_save() -> None:
                     expected = field.get_db_prep_save(value, connection)
                 except Exception as exc:  # noqa: BLE001 - the fast path must fail alike
                     with pytest.raises(type(exc)):
-                        sql._saver(field)(value, connection)
+                        savers.saver(field)(value, connection)
                     continue
-                assert comparable(sql._saver(field)(value, connection)) == comparable(expected), (field, value)
+                assert comparable(savers.saver(field)(value, connection)) == comparable(expected), (field, value)
                 checked += 1
     assert checked > 300
 
