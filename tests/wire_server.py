@@ -19,10 +19,12 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
+
+import httpx
 
 
 @dataclass
@@ -394,3 +396,17 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+#: the two ways a model object reaches a provider (the ``client`` fixture of the provider tests)
+CLIENTS = ("own client", "shared client")
+
+
+def provider_client(kind: str) -> Iterator[httpx.Client | None]:
+    """A client of the caller's (its requests go through httpx's ``Client.send``), or none: the
+    process's shared client, whose requests go straight to its transport (``ProviderHTTP._open``)."""
+    if kind == "shared client":
+        yield None
+        return
+    with httpx.Client() as http_client:
+        yield http_client

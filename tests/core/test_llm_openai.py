@@ -23,7 +23,7 @@ from nexo_django.core.errors import ModelError
 from nexo_django.core.llm import resolve_model
 from nexo_django.core.llm.http import ProviderError
 from nexo_django.core.llm.openai import OpenAIModel
-from tests.wire_server import Answer, GeminiRules, WireServer, free_port
+from tests.wire_server import CLIENTS, Answer, GeminiRules, WireServer, free_port, provider_client
 
 WRITE_SPEC = {
     "name": "write",
@@ -93,15 +93,9 @@ def server() -> Iterator[WireServer]:
         yield wire
 
 
-@pytest.fixture(params=["own client", "shared client"])
+@pytest.fixture(params=CLIENTS)
 def client(request: pytest.FixtureRequest) -> Iterator[httpx.Client | None]:
-    """A client of the caller's (its requests go through httpx's ``Client.send``), and none: the
-    process's shared client, whose requests go straight to its transport (``ProviderHTTP._open``)."""
-    if request.param == "shared client":
-        yield None
-        return
-    with httpx.Client() as http_client:
-        yield http_client
+    yield from provider_client(request.param)
 
 
 @pytest.fixture
