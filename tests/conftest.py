@@ -36,29 +36,36 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-# The slowest files, slowest first (seconds per file on an idle run: SQLite, then PostgreSQL).
-# `make test` runs the suite in two processes, one file at a time each (`--dist loadfile`): a
-# process that takes a 35-second file last ends alone while the other idles. Started first, the
-# slow files spread over both processes and the many small ones even out the end. xdist's own
-# order (`--loadscope-reorder`, files with the most tests first) did the opposite: the
-# single-test files that take half a minute each came last; the Makefile turns it off.
+# The slowest files, slowest first (seconds per file in a whole `make test` on CI's two cores:
+# SQLite, then PostgreSQL where it runs there too). `make test` runs the suite in two processes,
+# one file at a time each (`--dist loadfile`): a process that takes a 40-second file last ends
+# alone while the other idles. Started first, slowest first, the slow files spread over both
+# processes and the many small ones even out the end. xdist's own order
+# (`--loadscope-reorder`, files with the most tests first) did the opposite: the single-test
+# files that take half a minute each came last; the Makefile turns it off.
 RUN_FIRST = (
-    "tests/durable/test_concurrent_worker.py",  # 55, 64
-    "tests/durable/test_workers.py",  # 49, 68
-    "tests/durable/test_restarts.py",  # 40
-    "tests/core/test_mcp.py",  # 38
-    "tests/durable/test_chaos.py",  # 35, one test
-    "tests/test_demo.py",  # 34
-    "tests/core/test_shell_confine.py",  # 32
-    "tests/test_infra.py",  # 30
-    "tests/test_browser_live_page.py",  # 27, one test
-    "tests/test_readme_tutorial.py",  # 24
-    "tests/test_live_status.py",  # 22, 15, one test
-    "tests/durable/test_queue_health.py",  # 20
-    "tests/core/test_shell_guard.py",  # 19
-    "tests/durable/test_workers_sigkill.py",  # 15, 17
-    "tests/admin/test_browser_inbox.py",  # 12
-    "tests/test_live_stream.py",  # 8, 11
+    "tests/core/test_shell_confine.py",  # 120
+    "tests/durable/test_concurrent_worker.py",  # 76, 73
+    "tests/core/test_mcp.py",  # 75
+    "tests/durable/test_workers.py",  # 71, 78
+    "tests/test_demo.py",  # 58
+    "tests/durable/test_restarts.py",  # 50
+    "tests/core/test_shell_guard.py",  # 48
+    "tests/durable/test_chaos.py",  # 43, one test
+    "tests/test_infra.py",  # 34
+    "tests/test_browser_live_page.py",  # 29, one test
+    "tests/test_readme_tutorial.py",  # 27
+    "tests/test_packaging.py",  # 18
+    "tests/durable/test_queue_health.py",  # 18
+    "tests/test_live_status.py",  # 15, 17, one test
+    "tests/durable/test_workers_sigkill.py",  # 14, 18
+    "tests/admin/test_browser_inbox.py",  # 14
+    "tests/durable/test_concurrent_worker_pool.py",  # 11, one test
+    "tests/durable/test_worker_parts.py",  # 11
+    "tests/admin/test_browser_admin.py",  # 11
+    "tests/core/test_fetch.py",  # 10
+    "tests/channels/test_slack.py",  # 9, 19
+    "tests/test_live_stream.py",  # 8, 19
 )
 
 
