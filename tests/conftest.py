@@ -55,7 +55,6 @@ RUN_FIRST = (
     "tests/test_infra.py",  # 34
     "tests/test_browser_live_page.py",  # 29, one test
     "tests/test_readme_tutorial.py",  # 27
-    "tests/test_packaging.py",  # 18
     "tests/durable/test_queue_health.py",  # 18
     "tests/test_live_status.py",  # 15, 17, one test
     "tests/durable/test_workers_sigkill.py",  # 14, 18
