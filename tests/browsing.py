@@ -45,9 +45,16 @@ def log_in_with_session(browser: Any, base_url: str, user: Any, landing: str = "
     browser.add_cookie({"name": "sessionid", "value": session_cookie(user), "path": "/"})
 
 
+#: How often a wait looks again: Selenium's default, every 0.5 s, left each wait up to half a
+#: second behind the page (a browser test waits a dozen times or more); each look is a round
+#: trip to the browser, so not much more often than this.
+POLL = 0.1
+
+
 def waiting(browser: Any, timeout: float) -> WebDriverWait[Any]:
-    """A ``WebDriverWait`` whose conditions may meet stale or missing elements: it tries again."""
-    return WebDriverWait(browser, timeout, ignored_exceptions=RELOADING)
+    """A ``WebDriverWait`` whose conditions may meet stale or missing elements: it tries again,
+    every :data:`POLL` seconds."""
+    return WebDriverWait(browser, timeout, poll_frequency=POLL, ignored_exceptions=RELOADING)
 
 
 def read(browser: Any, css: str, attribute: str | None = None) -> str | None:

@@ -7,6 +7,7 @@ PostgreSQL as the Django database comes from scripts/with-postgres (DATABASE_URL
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Generator, Iterator, Sequence
@@ -35,29 +36,35 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
-# The slowest files, slowest first (seconds per file on an idle run: SQLite, then PostgreSQL).
-# `make test` runs the suite in two processes, one file at a time each (`--dist loadfile`): a
-# process that takes a 35-second file last ends alone while the other idles. Started first, the
-# slow files spread over both processes and the many small ones even out the end. xdist's own
-# order (`--loadscope-reorder`, files with the most tests first) did the opposite: the
-# single-test files that take half a minute each came last; the Makefile turns it off.
+# The slowest files, slowest first (seconds per file in a whole `make test` on CI's two cores:
+# SQLite, then PostgreSQL where it runs there too). `make test` runs the suite in two processes,
+# one file at a time each (`--dist loadfile`): a process that takes a 40-second file last ends
+# alone while the other idles. Started first, slowest first, the slow files spread over both
+# processes and the many small ones even out the end. xdist's own order
+# (`--loadscope-reorder`, files with the most tests first) did the opposite: the single-test
+# files that take half a minute each came last; the Makefile turns it off.
 RUN_FIRST = (
-    "tests/durable/test_concurrent_worker.py",  # 55, 64
-    "tests/durable/test_workers.py",  # 49, 68
-    "tests/durable/test_restarts.py",  # 40
-    "tests/core/test_mcp.py",  # 38
-    "tests/durable/test_chaos.py",  # 35, one test
-    "tests/test_demo.py",  # 34
-    "tests/core/test_shell_confine.py",  # 32
-    "tests/test_infra.py",  # 30
-    "tests/test_browser_live_page.py",  # 27, one test
-    "tests/test_readme_tutorial.py",  # 24
-    "tests/test_live_status.py",  # 22, 15, one test
-    "tests/durable/test_queue_health.py",  # 20
-    "tests/core/test_shell_guard.py",  # 19
-    "tests/durable/test_workers_sigkill.py",  # 15, 17
-    "tests/admin/test_browser_inbox.py",  # 12
-    "tests/test_live_stream.py",  # 8, 11
+    "tests/core/test_shell_confine.py",  # 120
+    "tests/durable/test_concurrent_worker.py",  # 76, 73
+    "tests/core/test_mcp.py",  # 75
+    "tests/durable/test_workers.py",  # 71, 78
+    "tests/test_demo.py",  # 58
+    "tests/durable/test_restarts.py",  # 50
+    "tests/core/test_shell_guard.py",  # 48
+    "tests/durable/test_chaos.py",  # 43, one test
+    "tests/test_infra.py",  # 34
+    "tests/test_browser_live_page.py",  # 29, one test
+    "tests/test_readme_tutorial.py",  # 27
+    "tests/durable/test_queue_health.py",  # 18
+    "tests/test_live_status.py",  # 15, 17, one test
+    "tests/durable/test_workers_sigkill.py",  # 14, 18
+    "tests/admin/test_browser_inbox.py",  # 14
+    "tests/durable/test_concurrent_worker_pool.py",  # 11, one test
+    "tests/durable/test_worker_parts.py",  # 11
+    "tests/admin/test_browser_admin.py",  # 11
+    "tests/core/test_fetch.py",  # 10
+    "tests/channels/test_slack.py",  # 9, 19
+    "tests/test_live_stream.py",  # 8, 19
 )
 
 
@@ -367,32 +374,94 @@ def live_server(request: pytest.FixtureRequest, django_db_setup: None) -> Iterat
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 BROWSER_WAIT = 15
+BROWSER_SIZE = (1280, 720)
+
+
+class _Chromium:
+    """One headless Chromium per test process (per xdist process), started by the first test
+    that asks for it: starting one costs about 1.3 s and as many CPU-s, and a dozen tests use
+    one. After each test it is put back as if new: one blank tab (every page of the test closed,
+    so nothing it left open keeps asking the live server; a new tab's sessionStorage is empty),
+    no cookies, an empty cache, the first window size. If that fails (a dialog left open, a
+    crashed renderer), the browser is quit and the next test starts another."""
+
+    def __init__(self, profiles: pytest.TempPathFactory) -> None:
+        self._profiles = profiles
+        self.driver: Any = None
+
+    def get(self) -> Any:
+        if self.driver is None:
+            self.driver = self._start()
+        return self.driver
+
+    def _start(self) -> Any:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+            pytest.fail(
+                f"headless browser tests need {CHROMIUM} and {CHROMEDRIVER}: apt-get install chromium chromium-driver",
+                pytrace=False,
+            )
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        profile = self._profiles.mktemp("chromium-profile")
+        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--no-first-run", f"--window-size={BROWSER_SIZE[0]},{BROWSER_SIZE[1]}",
+                     f"--user-data-dir={profile}"):  # fmt: skip
+            options.add_argument(flag)
+        # Service with an explicit path: Selenium Manager never looks for (or downloads) a driver.
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        driver.set_page_load_timeout(BROWSER_WAIT)
+        return driver
+
+    def reset(self) -> None:
+        if self.driver is None:
+            return
+        from selenium.common.exceptions import WebDriverException
+
+        driver = self.driver
+        try:
+            used = list(driver.window_handles)
+            driver.switch_to.new_window("tab")
+            blank = driver.current_window_handle
+            for handle in used:
+                driver.switch_to.window(handle)
+                driver.close()
+            driver.switch_to.window(blank)
+            driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+            driver.execute_cdp_cmd("Network.clearBrowserCache", {})
+            driver.set_window_size(*BROWSER_SIZE)
+            if driver.window_handles != [blank] or driver.get_cookies():
+                raise WebDriverException("the browser could not be put back as new")
+        except WebDriverException:
+            self.quit()
+
+    def quit(self) -> None:
+        driver, self.driver = self.driver, None
+        if driver is not None:
+            with contextlib.suppress(Exception):
+                driver.quit()
+
+
+@pytest.fixture(scope="session")
+def _chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Chromium]:
+    chromium = _Chromium(tmp_path_factory)
+    try:
+        yield chromium
+    finally:
+        chromium.quit()
 
 
 @pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    """Debian's headless Chromium driven by Selenium; a missing browser fails with the fix."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.fail(
-            f"headless browser tests need {CHROMIUM} and {CHROMEDRIVER}: apt-get install chromium chromium-driver",
-            pytrace=False,
-        )
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--window-size=1280,720", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(flag)
-    # Service with an explicit path: Selenium Manager never looks for (or downloads) a driver.
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(BROWSER_WAIT)
+def browser(_chromium: _Chromium) -> Iterator[Any]:
+    """Debian's headless Chromium driven by Selenium; a missing browser fails with the fix. The
+    process's one browser (:class:`_Chromium`), as new: one blank tab, no cookies, no cache."""
     try:
-        yield driver
+        yield _chromium.get()
     finally:
-        driver.quit()
+        _chromium.reset()
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
 import sys
@@ -136,15 +135,22 @@ class RQWorkers:
         return [proc.poll() is None for proc in self._procs]
 
     def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM (rq's warm shutdown), then SIGKILL to the worker and everything it forked."""
+        """SIGTERM (rq's warm shutdown), then SIGKILL to the worker and everything it forked,
+        once the worker has ended or has registered its death in Redis (at most ``timeout``).
+
+        Registering its death is the last step of rq's shutdown that leaves a trace (after the
+        job in flight, and nexo_worker's drain of its runs); what follows is the join of its
+        pubsub thread, which waits up to 0.2 s for a message that never comes."""
         trees = {proc.pid: descendants(proc.pid) for proc in self._procs if proc.poll() is None}
         for proc in self._procs:
             if proc.poll() is None:
                 signal_quietly(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
+        with _Deaths(self.redis_url) as deaths:
+            for proc, name in zip(self._procs, self.names, strict=True):
+                while proc.poll() is None and time.monotonic() < deadline and not deaths.registered(name):
+                    time.sleep(0.01)
         for proc in self._procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.0, deadline - time.monotonic()))
             pids = [proc.pid, *trees.get(proc.pid, []), *descendants(proc.pid)]
             for pid in pids:
                 if pid_alive(pid):
@@ -154,3 +160,31 @@ class RQWorkers:
 
     def logs(self) -> str:
         return "\n".join(f"--- {path.name}\n{log_text(path, 200)}" for path in self.log_paths)
+
+
+class _Deaths:
+    """Whether a worker has registered its death in Redis (rq's ``death`` field of its key).
+    With Redis unreachable (a test stopped it) it says no, and asks no more."""
+
+    def __init__(self, redis_url: str) -> None:
+        import redis
+
+        self._errors = (redis.RedisError, OSError)
+        self._client: redis.Redis | None = redis.Redis.from_url(redis_url, socket_connect_timeout=1, socket_timeout=1)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def registered(self, name: str) -> bool:
+        if self._client is None:
+            return False
+        try:
+            return bool(self._client.hexists(f"rq:worker:{name}", "death"))
+        except self._errors:
+            self._client.close()
+            self._client = None
+            return False

@@ -1,7 +1,8 @@
 """Real PostgreSQL and Redis servers for the test suite (rq workers: tests/rq_workers.py).
 
 Every server listens on 127.0.0.1 only, on a port found free at runtime, with its files in a
-fresh temporary directory. Leaving the ``with`` block (normally, on an exception or on
+fresh temporary directory (a PostgreSQL cluster's data: a copy of one initdb made once per
+process, or of a snapshot a test kept, see ``PostgresServer.save_snapshot``). Leaving the ``with`` block (normally, on an exception or on
 KeyboardInterrupt) or calling ``stop()`` ends the process and removes the directory; an
 ``atexit`` hook stops whatever is still running, and on Linux the kernel signals each child
 if the process that started it dies first. PostgreSQL refuses to run as root, so under root
@@ -260,6 +261,29 @@ def _traversable_by_others(path: Path) -> bool:
     return all(p.stat().st_mode & stat.S_IXOTH for p in (path, *path.parents))
 
 
+#: Per process: data directories copied for later clusters (key -> the kept ``data``
+#: directory): a fresh initdb's (``_INITDB``) and those of :meth:`PostgresServer.save_snapshot`.
+_SNAPSHOTS: dict[str, Path] = {}
+_INITDB = "initdb"
+_SNAPSHOTS_OWNER = os.getpid()
+
+
+@atexit.register
+def _drop_snapshots() -> None:
+    if os.getpid() != _SNAPSHOTS_OWNER:
+        return  # a forked child exiting: the copies are its parent's
+    for kept in _SNAPSHOTS.values():
+        shutil.rmtree(kept.parent, ignore_errors=True)
+    _SNAPSHOTS.clear()
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    """``cp -a``: owner (the ``postgres`` user's, under root), modes and links kept."""
+    done = subprocess.run(["cp", "-a", str(source), str(target)], capture_output=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"cp -a {source} {target} failed: {done.stderr.decode(errors='replace')}")
+
+
 class PostgresServer(_Server):
     """A throwaway PostgreSQL cluster: trust auth, fsync off, one database created. ``restart()``
     stops and starts it on the same port.
@@ -273,10 +297,15 @@ class PostgresServer(_Server):
     prefix = "nexo-pg-"
     superuser = "postgres"
 
-    def __init__(self, *, database: str = "nexo", bin_dir: str | None = None, fsync: bool = False) -> None:
+    def __init__(
+        self, *, database: str = "nexo", bin_dir: str | None = None, fsync: bool = False, snapshot: str | None = None
+    ) -> None:
         super().__init__()
         self.database = database
         self.fsync = fsync
+        self.snapshot = snapshot
+        #: True once started from ``snapshot``'s data (its database is there already).
+        self.restored = False
         self._bin_dir = bin_dir
         self._account: pwd.struct_passwd | None = None
 
@@ -304,13 +333,53 @@ class PostgresServer(_Server):
             directory = self._make_dir(base)
             if self._account is not None:
                 os.chown(directory, self._account.pw_uid, self._account.pw_gid)
-            self._initdb(bin_dir)
+            restored = self._restore(self.snapshot) if self.snapshot else False
+            if not restored:
+                self._fresh_cluster(bin_dir)
             self._start_postmaster(bin_dir)
-            self._createdb(bin_dir)
+            if not restored:
+                self._createdb(bin_dir)
+            self.restored = restored
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _fresh_cluster(self, bin_dir: Path) -> None:
+        """The data directory of a cluster just made: initdb once per process, copies after
+        that (``cp -a`` of a fresh cluster costs a fraction of initdb). The benchmarks'
+        ``fsync=True`` clusters are initdb'd each time, as before."""
+        if self.fsync:
+            self._initdb(bin_dir)
+        elif not self._restore(_INITDB):
+            self._initdb(bin_dir)
+            self._keep(_INITDB)
+
+    def _restore(self, key: str) -> bool:
+        """Copy the data directory kept under ``key`` (see :meth:`save_snapshot`) into this
+        server's; False when there is none in this process."""
+        kept = _SNAPSHOTS.get(key)
+        if kept is None:
+            return False
+        assert self.dir is not None
+        _copy_tree(kept, self.dir / "data")
+        return True
+
+    def _keep(self, key: str) -> None:
+        assert self.dir is not None
+        holder = Path(tempfile.mkdtemp(prefix="nexo-pg-snapshot-"))
+        _copy_tree(self.dir / "data", holder / "data")
+        _SNAPSHOTS[key] = holder / "data"
+
+    def save_snapshot(self, key: str) -> None:
+        """Keep a copy of this cluster's data (the server is halted for the copy, then started
+        again on its port) for servers of this process made with ``snapshot=key``: they start
+        with this data instead of an empty cluster. Close every connection first."""
+        if self.fsync:
+            raise RuntimeError("snapshots are for the tests' clusters (fsync off)")
+        self.halt()
+        self._keep(key)
+        self.restart()
 
     def _server_account(self) -> pwd.struct_passwd | None:
         if os.geteuid() != 0:
@@ -420,7 +489,7 @@ def default_database_on_own_cluster(database: str, django_db_blocker: Any) -> An
     from django.core.management import call_command
     from django.db import connections
 
-    server = PostgresServer(database=database)
+    server = PostgresServer(database=database, snapshot=f"migrated:{database}")
     try:
         server.start()
     except ServerUnavailable as exc:
@@ -431,7 +500,11 @@ def default_database_on_own_cluster(database: str, django_db_blocker: Any) -> An
         connections.settings["default"] = {**saved, **server.django_database(), "OPTIONS": {}}
         del connections["default"]
         try:
-            call_command("migrate", verbosity=0, interactive=False)
+            if not server.restored:
+                # Migrated once per process; the next tests start from a copy of the result.
+                call_command("migrate", verbosity=0, interactive=False)
+                connections.close_all()
+                server.save_snapshot(f"migrated:{database}")
             yield server
         finally:
             connections.close_all()

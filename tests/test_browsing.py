@@ -47,3 +47,22 @@ def test_waiting_and_read_see_the_page_through_its_churn(churning: Any) -> None:
         waiting(churning, 10).until(lambda d: read(d, "#status", "data-status") == "done")
         churning.refresh()
     assert read(churning, "#nowhere") is None
+
+
+def test_the_process_browser_is_put_back_as_new_after_a_test(_chromium: Any, live_server: Any) -> None:
+    # What a test can leave behind: a cookie, a second window, sessionStorage, another size.
+    driver = _chromium.get()
+    driver.get(f"{live_server.url}/admin/login/")
+    driver.add_cookie({"name": "left", "value": "behind", "path": "/"})
+    driver.execute_script("window.sessionStorage.setItem('left', 'behind')")
+    driver.set_window_size(800, 600)
+    driver.switch_to.new_window("window")
+    driver.get(f"{live_server.url}/admin/login/")
+    _chromium.reset()
+    assert _chromium.get() is driver  # the same browser, not a new one
+    assert len(driver.window_handles) == 1
+    assert driver.execute_script("return location.href") == "about:blank"
+    assert driver.get_window_size() == {"width": 1280, "height": 720}
+    driver.get(f"{live_server.url}/admin/login/")
+    assert "left" not in {cookie["name"] for cookie in driver.get_cookies()}
+    assert driver.execute_script("return window.sessionStorage.getItem('left')") is None

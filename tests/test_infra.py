@@ -56,6 +56,29 @@ def test_postgres_server_stops_and_removes_its_dir_when_the_block_raises() -> No
 
 
 @pytest.mark.postgres
+def test_postgres_clusters_are_fresh_copies_and_a_snapshot_starts_with_its_data(tmp_path: Path) -> None:
+    key = f"infra-{tmp_path.name}"
+    with PostgresServer(database="kept") as first:
+        with psycopg.connect(first.url, connect_timeout=5, autocommit=True) as conn:
+            conn.execute("CREATE TABLE marker (note text)")
+            conn.execute("INSERT INTO marker VALUES ('before the snapshot')")
+        first.save_snapshot(key)
+        assert not first.restored
+        with psycopg.connect(first.url, connect_timeout=5, autocommit=True) as conn:  # started again
+            conn.execute("INSERT INTO marker VALUES ('after it')")
+        never_saved = f"{key}-never-saved"  # a fresh cluster, its database made
+        with PostgresServer(database="kept", snapshot=key) as copy, PostgresServer(database="kept", snapshot=never_saved) as fresh:
+            assert copy.restored and not fresh.restored
+            assert len({first.dir, copy.dir, fresh.dir}) == 3
+            with psycopg.connect(copy.url, connect_timeout=5) as conn:
+                assert conn.execute("SELECT note FROM marker").fetchall() == [("before the snapshot",)]
+            with psycopg.connect(fresh.url, connect_timeout=5) as conn:  # the database made, no table
+                tables = conn.execute("SELECT count(*) FROM pg_tables WHERE tablename = 'marker'").fetchone()
+            assert tables == (0,)
+            assert _uid_of(copy.pid) != 0
+
+
+@pytest.mark.postgres
 def test_with_postgres_script_exports_database_url_and_returns_the_exit_code() -> None:
     probe = (
         "import os, psycopg; url = os.environ['DATABASE_URL']; print(url);"

@@ -28,6 +28,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.admin.test_browser_admin import save
+from tests.browsing import POLL
 
 pytestmark = [pytest.mark.browser]
 
@@ -160,7 +161,7 @@ def test_a_new_project_follows_the_readme_to_an_approved_run(
     project: tuple[str, Path], browser: webdriver.Chrome
 ) -> None:
     url, root = project
-    wait = WebDriverWait(browser, WAIT)
+    wait = WebDriverWait(browser, WAIT, poll_frequency=POLL)
     browser.set_window_size(1280, 900)
 
     # Log in as the approver the README made; the start view sends us to the admin's login.

@@ -14,7 +14,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from nexo_django.models import RunStatus, StepStatus, WorkflowStep
 from tests.admin.support import INBOX, make_user
-from tests.browsing import log_in_with_session
+from tests.browsing import POLL, log_in_with_session
 from tests.durable_agents import count
 from tests.workflows_for_tests import Release
 
@@ -29,7 +29,7 @@ def test_an_agent_inside_a_workflow_is_approved_in_the_admin_and_the_workflow_fi
     ann = make_user("ann", "nexo_django.decide_toolcall")
     run = Release.run({"version": "5"})
     assert run.status == RunStatus.SUSPENDED
-    wait = WebDriverWait(browser, WAIT)
+    wait = WebDriverWait(browser, WAIT, poll_frequency=POLL)
     log_in_with_session(browser, live_server.url, ann, landing="/admin/login/")
 
     browser.get(f"{live_server.url}{INBOX}")
