@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -41,7 +43,10 @@ from typing import Any
 from bench.common import REPO_ROOT, figure, note, postgres_url, scratch, setup_django
 
 GIB = 1024**3
-TIMEOUT = 300.0
+#: seconds any wait of the benchmark may last (a whole run takes ~25 s): past it the benchmark
+#: fails with the workers' logs and their threads' stacks (``nexo_worker`` dumps them on SIGUSR2),
+#: before ``bench.regression``'s own bound (240 s) would stop it with nothing to show
+TIMEOUT = 120.0
 APP_NAME = "nexo-bench-worker"
 #: the interpreter, in every figure line: the targets hold on 3.12 and 3.13 alike (issue 34)
 PYTHON = ".".join(map(str, sys.version_info[:2]))
@@ -341,6 +346,10 @@ def nexo_concurrent(server: SlowServer, redis_url: str, count: int, pool: int) -
     try:
         return measure_nexo(server, workers, count, warmup=5)
     except BaseException:
+        for pid in workers.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR2)  # its threads' stacks, into its log
+        time.sleep(1.0)
         note(workers.logs())
         raise
     finally:

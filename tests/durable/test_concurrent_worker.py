@@ -5,6 +5,7 @@ hogging the CPU beside others. Real redis-server, real worker processes, scripte
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -75,6 +76,13 @@ def test_one_process_carries_many_runs_at_once_and_each_finishes_once_scripted(
         assert job.func_name == dispatch.JOB_FUNC and job.worker_name == workers.names[0]
         assert job.started_at is not None and job.ended_at is not None and job.started_at <= job.ended_at
     assert [w.name for w in Worker.all(queue=queue)] == workers.names
+    assert workers.alive() == [True]
+    # SIGUSR2: every thread's stack in the worker's log (the threads wait for jobs), and it goes on.
+    os.kill(workers.pids[0], signal.SIGUSR2)
+    wait_until(lambda: "nexo_django/durable/worker.py" in workers.logs(), timeout=10, what="the threads' stacks")
+    assert workers.logs().count("Thread 0x") >= 20  # a thread per run in flight, the main one, rq's
+    more = [Brisk.run_later("brisk again")]
+    wait_all(more, RunStatus.DONE, workers=workers)
     assert workers.alive() == [True]
 
 

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import faulthandler
 import gc
+import signal
 import sys
 from typing import Any
 
@@ -55,6 +57,9 @@ class Command(BaseCommand):
         # the collector's sight, its full collections no longer walk it (a few % of a run's CPU).
         gc.collect()
         gc.freeze()
+        # `kill -USR2 <pid>` writes every thread's stack to stderr (the worker's log) and the
+        # worker goes on: what a run, or the worker itself, is waiting on (rq uses no SIGUSR2).
+        faulthandler.register(signal.SIGUSR2, all_threads=True)
         try:
             worker.work(burst=options["burst"], with_scheduler=options["with_scheduler"], logging_level=level)
         except RedisConnectionError as exc:
