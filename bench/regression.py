@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BASELINES = ROOT / "bench" / "baselines.json"
 LIMIT = 1.10
 STEP_TIMEOUT = 240  # seconds per benchmark process
+#: where a failed benchmark's whole output is kept (git ignores it)
+RESULTS = ROOT / "bench" / "results"
 
 
 @dataclass(frozen=True)
@@ -125,13 +128,23 @@ def measure(check: Check, tree: Path, quick: bool) -> dict[str, float]:
         done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT,
                               check=False)
     except subprocess.TimeoutExpired as exc:
-        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else str(exc.stderr or "")
-        tail = "\n".join(err.splitlines()[-15:])
-        raise RuntimeError(f"{' '.join(argv[2:])} in {tree} ran longer than {STEP_TIMEOUT} s:\n{tail}") from None
+        output = "".join(part.decode(errors="replace") if isinstance(part, bytes) else str(part or "")
+                         for part in (exc.stdout, exc.stderr))
+        raise RuntimeError(f"{' '.join(argv[2:])} in {tree} ran longer than {STEP_TIMEOUT} s:\n"
+                           f"{kept(check, output)}") from None
     if done.returncode:
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
-        raise RuntimeError(f"{' '.join(argv[2:])} in {tree} exited with {done.returncode}:\n{tail}")
+        raise RuntimeError(f"{' '.join(argv[2:])} in {tree} exited with {done.returncode}:\n"
+                           f"{kept(check, done.stdout + done.stderr)}")
     return parse_figures(done.stdout, check)
+
+
+def kept(check: Check, output: str) -> str:
+    """The last lines of a failed benchmark's output, and where the whole of it is kept (a hang's
+    workers' logs and threads' stacks are longer than a screen)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"regression-{check.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    path.write_text(output)
+    return "\n".join(output.splitlines()[-15:]) + f"\n(the whole output: {path})"
 
 
 def interleaved(check: Check, base: Path, pairs: int, quick: bool) -> tuple[list[dict], list[dict]]:

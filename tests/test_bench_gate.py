@@ -78,3 +78,25 @@ def test_the_stored_baselines_name_revisions_of_this_repository():
                 ["git", "cat-file", "-e", f"{entry['revision']}^{{commit}}"], cwd=regression.ROOT, check=False
             )
             assert found.returncode == 0, f"{klass}: {entry['revision']} is not a commit here"
+
+
+@pytest.mark.parametrize("how", ["fails", "hangs"])
+def test_a_benchmark_that_fails_or_hangs_is_an_error_and_its_whole_output_is_kept(tmp_path, monkeypatch, how):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "noisy_bench.py").write_text(
+        "import sys, time\n"
+        "for i in range(40):\n"
+        "    print(f'worker log line {i}', flush=True)\n"
+        f"{'time.sleep(30)' if how == 'hangs' else 'sys.exit(3)'}\n"
+    )
+    monkeypatch.setattr(regression, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(regression, "STEP_TIMEOUT", 2)
+    check = regression.Check("noisy", ("noisy_bench",), (), "probe", ("value",), {})
+    with pytest.raises(RuntimeError, match="longer than 2 s" if how == "hangs" else "exited with 3") as raised:
+        regression.measure(check, tree, quick=False)
+    message = str(raised.value)
+    assert "worker log line 39" in message and "worker log line 0\n" not in message  # the tail only
+    [kept] = (tmp_path / "results").iterdir()
+    assert f"(the whole output: {kept})" in message
+    assert kept.read_text().splitlines()[:40] == [f"worker log line {i}" for i in range(40)]
