@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -236,6 +237,24 @@ def test_b_an_unreadable_folder_never_hides_a_nested_git(who: str, ws: Path) -> 
     assert not marker.exists()
 
 
+def neutralised_and_harmless(who: str, ws: Path, attack: str, planted_at: Path, marker: Path) -> dict[str, Any]:
+    """Run ``attack`` (which ends with ``echo done``) then a second call; check that what it
+    planted at ``planted_at`` was renamed aside (``<name>.nexo-disabled-*``), that the next call
+    runs, and that git on the host runs nothing planted. Then put the planted entry back and check
+    that git on the host does run it: the checks can fail. The first call's result."""
+    first, second = run(who, ws, attack, "echo again")
+    assert first["stdout"] == "done\n"
+    disabled = list(planted_at.parent.glob(f"{planted_at.name}.nexo-disabled-*"))
+    assert not planted_at.exists() and len(disabled) == 1
+    assert second == {"exit_code": 0, "stdout": "again\n", "stderr": "", "truncated": False}
+    host_git(ws, "status")
+    assert not marker.exists()
+    disabled[0].rename(planted_at)
+    host_git(ws, "status")
+    assert marker.exists()
+    return first
+
+
 def test_c_a_bare_repository_at_the_root_is_neutralised_and_flagged(who: str, ws: Path) -> None:
     # (c) HEAD, objects/, refs/ and a config at the root: git on the host would use the root as a
     # repository and run its core.fsmonitor.
@@ -245,17 +264,8 @@ def test_c_a_bare_repository_at_the_root_is_neutralised_and_flagged(who: str, ws
         f"printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tworktree = .\\n\\tfsmonitor = {planted(marker)}\\n' > config; "
         "echo done"
     )
-    first, second = run(who, ws, attack, "echo again")
-    assert first["stdout"] == "done\n"
+    first = neutralised_and_harmless(who, ws, attack, ws / "HEAD", marker)
     assert "bare git repository" in first["error"] and "HEAD.nexo-disabled-" in first["error"]
-    assert not (ws / "HEAD").exists() and len(list(ws.glob("HEAD.nexo-disabled-*"))) == 1
-    assert second == {"exit_code": 0, "stdout": "again\n", "stderr": "", "truncated": False}
-    host_git(ws, "status")
-    assert not marker.exists()
-    # The same layout, left as it was, does run the planted code: the check above can fail.
-    next(ws.glob("HEAD.nexo-disabled-*")).rename(ws / "HEAD")
-    host_git(ws, "status")
-    assert marker.exists()
     marker.unlink()
 
 
@@ -277,17 +287,8 @@ def test_c_a_registered_submodule_never_checked_out_gets_no_git_that_the_root_wo
         f"printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = {planted(marker)}\\n' > sub/.git/config; "
         "echo done"
     )
-    first, second = run(who, ws, attack, "echo again")
-    assert first["stdout"] == "done\n"
+    first = neutralised_and_harmless(who, ws, attack, ws / "sub" / ".git", marker)
     assert "submodule 'sub'" in first["error"] and "sub/.git.nexo-disabled-" in first["error"]
-    assert not (ws / "sub" / ".git").exists() and len(list((ws / "sub").glob(".git.nexo-disabled-*"))) == 1
-    assert second == {"exit_code": 0, "stdout": "again\n", "stderr": "", "truncated": False}
-    host_git(ws, "status")
-    assert not marker.exists()
-    # The same .git, left where the command put it, does run the planted code: the test can fail.
-    next((ws / "sub").glob(".git.nexo-disabled-*")).rename(ws / "sub" / ".git")
-    host_git(ws, "status")
-    assert marker.exists()
     marker.unlink()
 
 
