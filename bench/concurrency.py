@@ -41,6 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO_ROOT, figure, note, postgres_url, scratch, setup_django
+from bench.targets import WORKER_CPU_MS as CPU_TARGET_MS
+from bench.targets import WORKER_IN_FLIGHT as IN_FLIGHT_TARGET
+from bench.targets import WORKER_RATIO as RATIO_TARGET
 
 GIB = 1024**3
 #: seconds any wait of the benchmark may last (a whole run takes ~25 s): past it the benchmark
@@ -50,9 +53,6 @@ TIMEOUT = 120.0
 APP_NAME = "nexo-bench-worker"
 #: the interpreter, in every figure line: the targets hold on 3.12 and 3.13 alike (issue 34)
 PYTHON = ".".join(map(str, sys.version_info[:2]))
-CPU_TARGET_MS = 4.0
-IN_FLIGHT_TARGET = 0.96  # 480 of 500
-RATIO_TARGET = 2.0
 
 
 # --- the slow model --------------------------------------------------------------------------------
