@@ -177,11 +177,20 @@ class SlowModel(ScriptedModel):
 
         _count("model")
         gate = os.environ.get("NEXO_TEST_MODEL_GATE")
-        deadline = time.monotonic() + 60
-        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        if gate:
+            wait_open(gate)
         time.sleep(self.delay)
         return super().complete(messages, tools)
+
+
+def wait_open(gate: str) -> None:
+    """Wait until the file ``gate`` exists (a test opened it), a minute at most."""
+    import os
+    import time
+
+    deadline = time.monotonic() + 60
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def model_gate(tmp_path: Path, monkeypatch: Any) -> Path:

@@ -28,7 +28,8 @@ class _Held(ScriptedModel):
 
     def complete(self, messages: list[dict], tools: list[dict], **kwargs: Any) -> Any:
         import os
-        import time
+
+        from tests.durable_agents import wait_open
 
         on_text = kwargs.pop("on_text", None)
         gate = os.environ.get("NEXO_TEST_MODEL_GATE")
@@ -38,9 +39,8 @@ class _Held(ScriptedModel):
         def held(index: int, piece: str) -> None:
             nonlocal sent
             sent += 1
-            deadline = time.monotonic() + 60
-            while gate and sent > HELD_AFTER and not os.path.exists(f"{gate}.{turn}") and time.monotonic() < deadline:
-                time.sleep(0.02)
+            if gate and sent > HELD_AFTER:
+                wait_open(f"{gate}.{turn}")
             on_text(index, piece)
 
         return super().complete(messages, tools, on_text=held if on_text else None, **kwargs)
