@@ -432,11 +432,13 @@ def run_and_messages(run_id: Any, status: str) -> tuple[AgentRun | None, list[An
     statement (the messages as one JSON array), on SQLite too (their texts joined), elsewhere two."""
     alias, conn = _db(AgentRun, write=False)
     data = _field(RunMessage, "data")
-    if conn.vendor == "sqlite" and data.decoder in (None, StoredJSONDecoder):  # type: ignore[attr-defined]
+    # the one-statement forms below decode all the messages at once, with storable.loads
+    decoded = data.decoder in (None, StoredJSONDecoder)  # type: ignore[attr-defined]
+    if decoded and conn.vendor == "sqlite":
         found = _sqlite_run_and_messages(conn, alias, run_id, status)
         if found is not None:
             return found
-    if conn.vendor != "postgresql" or data.decoder not in (None, StoredJSONDecoder):  # type: ignore[attr-defined]
+    if not decoded or conn.vendor != "postgresql":
         run = get(AgentRun, id=run_id, status=status)
         return run, ([] if run is None else values(RunMessage, "data", "seq", run_id=run.pk))
     key = (conn.vendor, "run_and_messages")
