@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -71,6 +73,8 @@ def as_timedelta(value: Any, where: str) -> timedelta | None:
 class NexoSettings:
     def __init__(self) -> None:
         self._cache: dict[str, Any] | None = None
+        #: the mappings :meth:`view` built since the last :meth:`reset`
+        self._views: dict[tuple[str, ...], Mapping[str, Any]] = {}
 
     def _load(self) -> dict[str, Any]:
         if self._cache is None:
@@ -92,8 +96,17 @@ class NexoSettings:
             raise AttributeError(f"no NEXO setting {name!r}")
         return self._load()[name]
 
+    def view(self, names: tuple[str, ...]) -> Mapping[str, Any]:
+        """The settings ``names`` as one read-only mapping, built once per load of ``NEXO`` (an
+        agent reads its settings each time it is built: once per durable drive)."""
+        found = self._views.get(names)
+        if found is None:
+            found = self._views[names] = MappingProxyType({name: getattr(self, name) for name in names})
+        return found
+
     def reset(self) -> None:
         self._cache = None
+        self._views = {}
 
 
 nexo_settings = NexoSettings()

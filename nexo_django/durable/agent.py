@@ -10,12 +10,10 @@ store ``AgentRun`` rows), so they reach :mod:`nexo_django.durable.runs` when the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.core.signals import setting_changed
 
 from ..conf import nexo_settings
 from ..core.agent import Agent as CoreAgent
@@ -28,19 +26,6 @@ if TYPE_CHECKING:
 AGENT_SETTINGS = ("MODEL", "PROVIDERS", "LIMITS", "PROTECTED_NAMES", "SEARCH_BACKEND", "SHELL")
 
 
-#: the settings of :meth:`Agent.configuration`, read once and again after NEXO changes
-_configuration: Mapping[str, Any] | None = None
-
-
-def _forget_configuration(*, setting: str, **kwargs: Any) -> None:
-    global _configuration
-    if setting == "NEXO":
-        _configuration = None
-
-
-setting_changed.connect(_forget_configuration, dispatch_uid="nexo_django.durable.agent.forget_configuration")
-
-
 class Agent(CoreAgent):
     """Declare an agent by subclassing; see docs/agents.md."""
 
@@ -49,10 +34,7 @@ class Agent(CoreAgent):
         agent_classes.remember(cls)  # found again by its path in this process, even from a shell
 
     def configuration(self) -> Mapping[str, Any]:
-        global _configuration
-        if _configuration is None:  # read once per change of NEXO (an agent is built per drive)
-            _configuration = MappingProxyType({name: getattr(nexo_settings, name) for name in AGENT_SETTINGS})
-        return _configuration
+        return nexo_settings.view(AGENT_SETTINGS)  # read once per load of NEXO (an agent is built per drive)
 
     def setting(self, name: str) -> Any:
         return getattr(settings, name, None) if settings.configured else None

@@ -95,7 +95,7 @@ def execute_driver(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], f
 
 
 #: model -> the attribute names of its concrete fields, if its instances can be built without
-#: ``Model.__init__`` (see :func:`_from_db`), else None
+#: ``Model.__init__`` (see :func:`from_db`, :func:`new`), else None
 _plain: dict[type[Model], tuple[str, ...] | None] = {}
 
 

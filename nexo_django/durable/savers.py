@@ -70,6 +70,7 @@ def _make_saver(field: Field[Any, Any]) -> Saver:
     if kind is models.DateTimeField:
 
         def datetime_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
+            global _last_datetime
             if type(v) is datetime and v.tzinfo is not None and driver.use_tz():
                 if conn.vendor == "sqlite":  # its adapt_datetimefield_value for an aware value
                     # A batch writes one ``now`` in many rows: converted once.
@@ -77,7 +78,7 @@ def _make_saver(field: Field[Any, Any]) -> Saver:
                     if last[0] is v and last[1] is conn:
                         return last[2]
                     text = str(v.astimezone(conn.timezone).replace(tzinfo=None))
-                    _remember_datetime(v, conn, text)
+                    _last_datetime = (v, conn, text)
                     return text
                 return conn.ops.adapt_datetimefield_value(v)
             return None if v is None else slow(v, conn)
@@ -110,11 +111,6 @@ def _make_saver(field: Field[Any, Any]) -> Saver:
 
 #: the last aware datetime the SQLite saver converted: (value, connection, text)
 _last_datetime: tuple[Any, Any, str] = (None, None, "")
-
-
-def _remember_datetime(v: datetime, conn: BaseDatabaseWrapper, text: str) -> None:
-    global _last_datetime
-    _last_datetime = (v, conn, text)
 
 
 def _forget_settings(*, setting: str, **kwargs: Any) -> None:

@@ -270,17 +270,20 @@ def requeue_fetch(run_id: Any, old: str, new: str, now: datetime, *, unless_pend
     transaction."""
     alias, conn = _db(AgentRun, write=True)
     if conn.features.can_return_rows_from_update:  # one statement: UPDATE ... RETURNING
-        return _requeue_returning(conn, run_id, old, new, now, unless_pending)
+        return _requeue_generation(conn, run_id, old, new, now, unless_pending)
     with transaction.atomic(using=alias, savepoint=False):
+        return _requeue_generation(conn, run_id, old, new, now, unless_pending)
+
+
+def _requeue_generation(
+    conn: BaseDatabaseWrapper, run_id: Any, old: str, new: str, now: datetime, unless_pending: str | None,
+) -> int | None:
+    """:func:`requeue`, then the new generation (None if it did not wake the run): one statement
+    with ``RETURNING`` where the database has it, else two (in the caller's transaction)."""
+    if not conn.features.can_return_rows_from_update:
         if not requeue(run_id, old, new, now, unless_pending=unless_pending):
             return None
         return int(values(AgentRun, "generation", "id", id=run_id)[0])
-
-
-def _requeue_returning(
-    conn: BaseDatabaseWrapper, run_id: Any, old: str, new: str, now: datetime, unless_pending: str | None,
-) -> int | None:
-    """:func:`requeue` with ``RETURNING`` the new generation (None if it did not wake the run)."""
     key = (conn.vendor, "requeue_returning", unless_pending is not None)
     built = _statements.get(key)
     if built is None:
@@ -432,11 +435,13 @@ def run_and_messages(run_id: Any, status: str) -> tuple[AgentRun | None, list[An
     statement (the messages as one JSON array), on SQLite too (their texts joined), elsewhere two."""
     alias, conn = _db(AgentRun, write=False)
     data = _field(RunMessage, "data")
-    if conn.vendor == "sqlite" and data.decoder in (None, StoredJSONDecoder):  # type: ignore[attr-defined]
+    # the one-statement forms below decode all the messages at once, with storable.loads
+    decoded = data.decoder in (None, StoredJSONDecoder)  # type: ignore[attr-defined]
+    if decoded and conn.vendor == "sqlite":
         found = _sqlite_run_and_messages(conn, alias, run_id, status)
         if found is not None:
             return found
-    if conn.vendor != "postgresql" or data.decoder not in (None, StoredJSONDecoder):  # type: ignore[attr-defined]
+    if not decoded or conn.vendor != "postgresql":
         run = get(AgentRun, id=run_id, status=status)
         return run, ([] if run is None else values(RunMessage, "data", "seq", run_id=run.pk))
     key = (conn.vendor, "run_and_messages")
@@ -677,16 +682,11 @@ class Batch:
             return len(step[3])
         if kind == "requeue":
             run_id, old, new, now, unless_pending, _ = step[1:]
-            if self.conn.features.can_return_rows_from_update:
-                generation = _requeue_returning(self.conn, run_id, old, new, now, unless_pending)
-                if generation is None:
-                    return 0
-                self.generations[index] = generation
-                return 1
-            woken = requeue(run_id, old, new, now, unless_pending=unless_pending)
-            if woken:
-                self.generations[index] = values(AgentRun, "generation", "id", id=run_id)[0]
-            return woken
+            generation = _requeue_generation(self.conn, run_id, old, new, now, unless_pending)
+            if generation is None:
+                return 0
+            self.generations[index] = generation
+            return 1
         step[1]()
         return 1
 

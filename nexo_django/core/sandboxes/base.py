@@ -44,12 +44,11 @@ def normalize_relative(path: str) -> str:
     empty, NUL bytes, absolute or ``~``, ``..`` anywhere, the root itself, a trailing ``/`` or
     ``/.``, over-long names and paths, names that are not valid file-name text. (Confinement itself is enforced by each
     sandbox on what it opens; this only refuses what can never be right.)"""
-    if type(path) is str:
-        known = _normal.get(path)
-        if known is not None:
-            return known
-    normal = _normalize_relative(path)
-    if type(path) is str:
+    if type(path) is not str:  # refused, or a subclass of str: not kept
+        return _normalize_relative(path)
+    normal = _normal.get(path)
+    if normal is None:
+        normal = _normalize_relative(path)
         if len(_normal) >= NORMAL_KEPT:
             _normal.clear()
         _normal[path] = normal
