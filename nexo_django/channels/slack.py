@@ -186,6 +186,11 @@ class SlackChannel(Channel):
 
     # --- send ----------------------------------------------------------------------------
 
+    def _reply(self, where: dict[str, Any], text: str) -> dict[str, Any]:
+        """A reply (a reminder) in the thread of the message posted at ``where``; its receipt."""
+        data = self.api("chat.postMessage", channel=where["channel"], thread_ts=where["ts"], text=plain(text, 300))
+        return {"channel": data.get("channel"), "ts": data.get("ts")}
+
     def send(self, notice: Notice) -> dict[str, Any] | None:
         run, call = subject(notice)
         if run is None:
@@ -208,11 +213,8 @@ class SlackChannel(Channel):
         if notice.kind == "approval.reminder":
             if call is None or call.status != CallStatus.PENDING_APPROVAL:
                 raise NothingToSay("the call was settled meanwhile")
-            where = posted[0].receipt or {}
-            data = self.api("chat.postMessage", channel=where["channel"], thread_ts=where["ts"],
-                            text=plain(f"Reminder: {call.name} still waits for a decision "
-                                       f"(deadline {_when(call.expires_at)}).", 300))
-            return {"channel": data.get("channel"), "ts": data.get("ts")}
+            return self._reply(posted[0].receipt or {},
+                               f"Reminder: {call.name} still waits for a decision (deadline {_when(call.expires_at)}).")
         updated = []
         for request in posted:
             found = ToolCall.objects.filter(run_id=run.pk, tool_call_id=request.tool_call_id).select_related("decision").first()
@@ -265,10 +267,7 @@ class SlackChannel(Channel):
         if notice.kind == "question.reminder":
             if step.status != StepStatus.WAITING:
                 raise NothingToSay("the question was answered or ended meanwhile")
-            data = self.api("chat.postMessage", channel=where["channel"], thread_ts=where["ts"],
-                            text=plain(f"Reminder: {step.name} still waits for an answer "
-                                       f"(deadline {_when(step.expires_at)}).", 300))
-            return {"channel": data.get("channel"), "ts": data.get("ts")}
+            return self._reply(where, f"Reminder: {step.name} still waits for an answer (deadline {_when(step.expires_at)}).")
         text, blocks = self.question_blocks(step, run)
         data = self.api("chat.update", channel=where["channel"], ts=where["ts"], text=text, blocks=blocks)
         return {"updated": [{"channel": data.get("channel", where["channel"]), "ts": data.get("ts", where["ts"])}]}

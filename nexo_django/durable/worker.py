@@ -542,13 +542,12 @@ class ConcurrentWorker(SimpleWorker):
         self._local.beat = None
         super().handle_execution_ended(job, queue, heartbeat_ttl)
 
-    def _beat_now(self, job: Job) -> int | None:
-        """Send the job's end beat put off by ``handle_execution_ended``, if any; its TTL."""
+    def _beat_now(self, job: Job) -> None:
+        """Send the job's end beat put off by ``handle_execution_ended``, if any."""
         beat: int | None = getattr(self._local, "beat", None)
         self._local.beat = None
         if beat is not None:
             job.heartbeat(job.last_heartbeat or now(), beat)
-        return beat
 
     def handle_job_retry(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> None:
         self._beat_now(job)
@@ -561,15 +560,14 @@ class ConcurrentWorker(SimpleWorker):
         trips by each job's thread (its end beat; WATCH, the dependents, MULTI/EXEC). A job with
         dependents to enqueue, to repeat, or whose result is not kept is recorded by its own
         thread, by rq's code, as is every job when that thread is not running."""
-        beat: int | None = getattr(self._local, "beat", None)
-        self._local.beat = None
         result_ttl = job.get_result_ttl(self.default_result_ttl)
         ends = self._ends_thread
         if result_ttl != 0 and not job.repeats_left and ends is not None and ends.is_alive():
-            end = _End(job, self.execution, result_ttl, beat)
+            end = _End(job, self.execution, result_ttl, getattr(self._local, "beat", None))
             self._ends.put(end)
             end.done.acquire()  # released once it is recorded, or handed back
-            if not end.own:
+            if not end.own:  # its beat went with its record
+                self._local.beat = None
                 self.execution = None
                 time_taken = job.ended_at - job.started_at  # type: ignore[operator]
                 if self.log_job_description:
@@ -577,8 +575,7 @@ class ConcurrentWorker(SimpleWorker):
                 else:
                     self.log.info("Successfully completed job %s in %ss on worker %s", job.id, time_taken, self.name)
                 return
-        if beat is not None:
-            job.heartbeat(job.last_heartbeat or now(), beat)
+        self._beat_now(job)
         super().handle_job_success(job, queue, started_job_registry)
 
     def _record_ends(self) -> None:

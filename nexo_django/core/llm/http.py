@@ -175,14 +175,13 @@ def check_base_url(provider: str, base_url: str, setting: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def host_of(url: str) -> str:
-    return httpx.URL(url).host.lower()
-
-
-@functools.lru_cache(maxsize=64)
 def _parsed(url: str) -> httpx.URL:
     """A provider URL parsed once (a URL is immutable): parsing is a fifth of a request's CPU."""
     return httpx.URL(url)
+
+
+def host_of(url: str) -> str:
+    return _parsed(url).host.lower()
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:

@@ -114,15 +114,21 @@ def _folder(root_fd: int, path: str) -> int | None:
     return fd
 
 
+def _holds_git(fd: int) -> bool:
+    """Whether the folder ``fd`` holds a ``.git`` (of any kind, a symbolic link included)."""
+    try:
+        os.stat(".git", dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
 def _has_git(root_fd: int, path: str) -> bool:
     fd = _folder(root_fd, path)
     if fd is None:
         return False
     try:
-        os.stat(".git", dir_fd=fd, follow_symlinks=False)
-        return True
-    except OSError:
-        return False
+        return _holds_git(fd)
     finally:
         os.close(fd)
 
@@ -141,12 +147,9 @@ def neutralise_new(root_fd: int, paths: Sequence[str]) -> list[str]:
         if fd is None:
             continue
         try:
-            os.stat(".git", dir_fd=fd, follow_symlinks=False)
-        except OSError:
-            os.close(fd)
-            continue
-        aside = f".git.nexo-disabled-{secrets.token_hex(4)}"
-        try:
+            if not _holds_git(fd):
+                continue
+            aside = f".git.nexo-disabled-{secrets.token_hex(4)}"
             os.rename(".git", aside, src_dir_fd=fd, dst_dir_fd=fd)
             done.append(f"the command gave the submodule {path!r}, which the root repository registers but was "
                         f"never checked out, a .git that git run at the root would use: it was renamed to {path}/{aside}")
