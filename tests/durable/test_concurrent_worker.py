@@ -79,8 +79,9 @@ def test_one_process_carries_many_runs_at_once_and_each_finishes_once_scripted(
     assert workers.alive() == [True]
     # SIGUSR2: every thread's stack in the worker's log (the threads wait for jobs), and it goes on.
     os.kill(workers.pids[0], signal.SIGUSR2)
-    wait_until(lambda: "nexo_django/durable/worker.py" in workers.logs(), timeout=10, what="the threads' stacks")
-    assert workers.logs().count("Thread 0x") >= 20  # a thread per run in flight, the main one, rq's
+    log = workers.log_paths[0]  # all of it: logs() keeps the last 200 lines, the stacks are longer
+    wait_until(lambda: "nexo_django/durable/worker.py" in log.read_text(), timeout=10, what="the threads' stacks")
+    assert log.read_text().count("Thread 0x") >= 20  # a thread per run in flight, the main one, rq's
     more = [Brisk.run_later("brisk again")]
     wait_all(more, RunStatus.DONE, workers=workers)
     assert workers.alive() == [True]

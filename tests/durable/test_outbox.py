@@ -136,6 +136,8 @@ def test_a_worker_delivers_the_notices_of_the_changes_it_commits(rq_worker: Any,
         wait_for(lambda: len(receiver.posts) >= 3, timeout=60)
     assert sorted(e["type"] for e in receiver.posts) == ["approval.decided", "approval.requested", "run.done"]
     assert len({e["id"] for e in receiver.posts}) == 3
+    # The job records a delivery once the receiver has answered: the last may still be committing.
+    wait_for(lambda: Notice.objects.filter(status=NoticeStatus.DELIVERED).count() == 3, timeout=30)
     assert Notice.objects.filter(status=NoticeStatus.DELIVERED).count() == 3
 
 
