@@ -201,3 +201,15 @@ def test_the_classifiers_list_exactly_the_tested_matrix() -> None:
     assert claimed_py == pythons
     assert claimed_dj == djangos
     assert PYPROJECT["project"]["requires-python"] == f">={min(pythons, key=lambda v: tuple(map(int, v.split('.'))))}"
+
+
+def test_the_worker_extra_is_hiredis_and_this_suites_workers_parse_with_it() -> None:
+    """The `worker` extra is what the test extra installs for it, and redis-py took it: the suite's
+    workers run on the C parser (rq's own worker tests run on the Python one: see
+    tests/test_rq_worker_suite.py)."""
+    import redis.connection
+
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert extras["worker"] == ["hiredis>=3,<4"]
+    assert set(extras["worker"]) <= set(extras["test"])
+    assert redis.connection.DefaultParser.__name__ == "_HiredisParser"

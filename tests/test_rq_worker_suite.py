@@ -5,7 +5,9 @@ fails this). rq's tests run in a pytest of their own (their package is named ``t
 this suite's redis-server; the plugin tests/rq_suite/nexo_rq_plugin.py swaps the class.
 
 ``NEXO_RQ_SUITE_WORKERS=Worker,SimpleWorker,ConcurrentWorker`` runs it with rq's own classes too
-(the figures compared in the issue); by default only ``ConcurrentWorker``."""
+(the figures compared in the issue); by default only ``ConcurrentWorker``. It runs with redis-py's
+pure-Python protocol parser (an install without the ``worker`` extra); the rest of this suite's
+workers run with ``hiredis``, which the ``test`` extra installs."""
 
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ def test_rqs_worker_tests_pass_with_the_worker_class_swapped(
     root = rq_tests()
     report = tmp_path / "rq.xml"
     env = {**os.environ, "NEXO_RQ_SUITE_WORKER": worker, "NEXO_RQ_SUITE_REDIS": f"127.0.0.1:{redis_server.port}",
+           "NEXO_RQ_SUITE_PARSER": "python",
            "PYTHONPATH": str(REPO_ROOT / "tests" / "rq_suite")}  # fmt: skip
     env.pop("DJANGO_SETTINGS_MODULE", None)
     done = subprocess.run(

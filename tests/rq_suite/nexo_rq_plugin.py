@@ -8,6 +8,9 @@ installed release into the venv).
   own, unchanged), ``SimpleWorker`` or ``ConcurrentWorker`` (nexo_django's).
 - Every test that does not pass with that class is listed in :mod:`nexo_rq_expected`, with why:
   an expected failure (strict: one that starts passing fails the run) or a test left out.
+- ``NEXO_RQ_SUITE_PARSER``: redis-py's protocol parser, ``python`` (the default: ``hiredis`` is
+  hidden from this process, as on an install without the ``worker`` extra; the rest of the suite
+  runs with it) or ``hiredis``. The run stops at once if redis-py did not take the one named.
 """
 
 from __future__ import annotations
@@ -20,6 +23,18 @@ import nexo_rq_expected
 import pytest
 
 WORKER = os.environ.get("NEXO_RQ_SUITE_WORKER", "Worker")
+PARSER = os.environ.get("NEXO_RQ_SUITE_PARSER", "python")
+if PARSER == "python":
+    sys.modules["hiredis"] = None  # type: ignore[assignment]  # `import hiredis` now fails, as when absent
+
+
+def _check_parser() -> None:
+    import redis.connection
+
+    taken = "hiredis" if "Hiredis" in redis.connection.DefaultParser.__name__ else "python"
+    if taken != PARSER:
+        raise pytest.UsageError(f"redis-py parses with {redis.connection.DefaultParser.__name__}, "
+                                f"NEXO_RQ_SUITE_PARSER={PARSER!r} wanted the {PARSER} parser")
 
 
 def _redirect_redis() -> None:
@@ -63,6 +78,7 @@ def _worker_class() -> type:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _check_parser()
     _redirect_redis()
     config.nexo_worker_class = _worker_class()  # type: ignore[attr-defined]
 
