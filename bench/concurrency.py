@@ -22,6 +22,11 @@ worker took its first job: rq's suspension loop looks for the resumption once a 
 ``pg_stat_activity``) beside the pool's size. Each side first runs a few untimed warm-up runs.
 
     python -m bench.concurrency [--runs 500] [--pool 10] [--delay 1.0] [--simple-workers 8] [--simple-runs 48]
+                                [--db postgres|postgres-prepared]
+
+``--db postgres-prepared`` runs nexo's side with prepared statements (Django's
+``server_side_binding`` and psycopg's ``prepare_threshold=5``, as docs/deployment.md recommends
+where the connections allow them); every figure names its database (``db=``).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO_ROOT, figure, note, postgres_url, scratch, setup_django
+from bench.common import REPO_ROOT, database_url, db_label, figure, note, scratch, setup_django
 from bench.targets import WORKER_CPU_MS as CPU_TARGET_MS
 from bench.targets import WORKER_IN_FLIGHT as IN_FLIGHT_TARGET
 from bench.targets import WORKER_RATIO as RATIO_TARGET
@@ -453,6 +458,9 @@ def main() -> None:
     parser.add_argument("--simple-workers", type=int, default=8)
     parser.add_argument("--simple-runs", type=int, default=48)
     parser.add_argument("--skip", action="append", default=[], choices=["peer", "simple"])
+    parser.add_argument("--db", default="postgres", choices=["postgres", "postgres-prepared"],
+                        help="postgres-prepared: Django's server_side_binding, psycopg preparing a statement from its "
+                             "5th run (docs/deployment.md)")
     parser.add_argument("--peer-child", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer_child:
@@ -466,24 +474,25 @@ def main() -> None:
     note(f"slow model at {server.url}: {args.delay:g} s a request")
     os.environ["BENCH_NEXO"] = json.dumps(nexo_settings(server))
     with RedisServer() as redis_server:
-        setup_django(postgres_url(), redis_url=redis_server.url)
-        note(f"nexo: one concurrent worker, {args.runs} runs, pool of {args.pool}")
+        setup_django(database_url(args.db), redis_url=redis_server.url)
+        db = db_label()
+        note(f"nexo: one concurrent worker, {args.runs} runs, pool of {args.pool}, {db}")
         nexo = nexo_concurrent(server, redis_server.url, args.runs, args.pool)
-        print_side("nexo_concurrent_worker", nexo, 1, python=PYTHON, runs_running_peak=nexo["running"], pool=args.pool,
+        print_side("nexo_concurrent_worker", nexo, 1, python=PYTHON, db=db, runs_running_peak=nexo["running"], pool=args.pool,
                    pg_connections=nexo["db_connections"], send_s=nexo["send_s"], ramp_s=nexo["ramp_s"])  # fmt: skip
         if "peer" not in args.skip:
             note(f"peer: the OpenAI Agents SDK, {args.runs} Runner.run under asyncio.gather")
             other = peer(server, args.runs)
             print_side("openai_agents_gather", other, 1, python=PYTHON, gather_s=other["gather_s"], ramp_s=other["ramp_s"])
             ratio = nexo["runs_per_s"] / other["runs_per_s"]
-            figure("concurrency_vs_peer", runs=args.runs, python=PYTHON, nexo_runs_per_s=nexo["runs_per_s"],
+            figure("concurrency_vs_peer", runs=args.runs, python=PYTHON, db=db, nexo_runs_per_s=nexo["runs_per_s"],
                    peer_runs_per_s=other["runs_per_s"], runs_per_s_ratio=ratio,
                    per_gib_ratio=(nexo["in_flight"] / nexo["pss"]) / (other["in_flight"] / other["pss"]))  # fmt: skip
         else:
             ratio = None
         # Issue 34's targets for one process at --delay 1 and 500 runs (PostgreSQL): at most 4 ms of
         # CPU a run, at least 480 model requests open at once, at least twice the peer's runs/s.
-        figure("concurrency_target", runs=args.runs, python=PYTHON, cpu_ms_per_run=nexo["cpu_ms_per_run"],
+        figure("concurrency_target", runs=args.runs, python=PYTHON, db=db, cpu_ms_per_run=nexo["cpu_ms_per_run"],
                cpu_target_ms=CPU_TARGET_MS, runs_in_flight=nexo["in_flight"],
                in_flight_target=round(args.runs * IN_FLIGHT_TARGET), runs_per_s_ratio=ratio if ratio is not None else "-",
                ratio_target=RATIO_TARGET,

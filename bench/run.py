@@ -85,6 +85,11 @@ STEPS = [
     # The concurrent worker beside the asyncio peer (issue 34's worker targets), on both Pythons.
     Step("concurrency", ["bench.concurrency", "--skip", "simple"], ["--runs", "50"]),
     Step("concurrency_py312", ["bench.concurrency", "--skip", "simple"], ["--runs", "50"], python=PY312),
+    # The same with prepared statements (docs/deployment.md's recommendation where the connections allow).
+    Step("concurrency_prepared", ["bench.concurrency", "--skip", "simple", "--db", "postgres-prepared"],
+         ["--runs", "50"]),
+    Step("concurrency_prepared_py312", ["bench.concurrency", "--skip", "simple", "--db", "postgres-prepared"],
+         ["--runs", "50"], python=PY312),
     # Last: the regression gate, the stored baseline's revision beside this tree, interleaved.
     Step("regression", ["bench.regression"], ["--quick", "--pairs", "1"], timeout=900),
 ]
