@@ -230,3 +230,35 @@ def test_a_refresh_stores_the_row_and_drops_every_cached_relation() -> None:
     sql.refresh(read)
     assert not ToolCall.run.is_cached(read) and not ToolCall.decision.related.is_cached(read)
     assert fields(read) == fields(ToolCall.objects.get(pk=call.pk))
+
+
+
+def test_values_are_stored_as_given_and_on_postgresql_go_apart_from_the_statement_unprepared() -> None:
+    """The values a statement of the driver's stores are the values given (quotes, percent signs,
+    backslashes). On PostgreSQL they are bound on the server (psycopg dumps them in C) even where
+    the connection binds on the client, Django's default; never prepared unless the connection
+    asks for it (``prepare_threshold``), so a transaction-mode pooler is fine. The type PostgreSQL
+    gives a bare parameter shows the binding: a value inlined in the text is a literal
+    (``integer``), a value bound apart has the type psycopg sent (``smallint``)."""
+    from nexo_django.durable import driver
+
+    text = "it's 100% 'quoted' \\ é %s"
+    run = a_run()
+    run.save(force_insert=True)
+    postgres = connection.vendor == "postgresql"
+    connection.ensure_connection()
+
+    def prepared() -> int:  # statements prepared on this connection, as PostgreSQL lists them
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+            return int(cursor.fetchone()[0])
+
+    prepared_before = prepared() if postgres else 0
+    for _ in range(6):  # past psycopg's default threshold (5)
+        sql.insert(RunEvent, ("run_id", "type", "data", "created_at"), [(run.pk, "note", {"text": text}, WHEN)])
+    assert [e.data["text"] for e in RunEvent.objects.filter(run=run, type="note")] == [text] * 6
+    if postgres:
+        assert driver.execute_driver(connection, "SELECT pg_typeof(%s)::text", [1], True) == [("smallint",)]
+        options = connection.settings_dict["OPTIONS"]
+        asks = options.get("server_side_binding") is True and options.get("prepare_threshold") is not None
+        assert (prepared() > prepared_before) == asks
