@@ -6,6 +6,13 @@ mode with ``synchronous=FULL``, i.e. an fsync of the WAL); the call is approved;
 from the stored state; the write runs; the fake model gives its final answer; the final state is
 persisted. One cycle is timed end to end.
 
+``--peer-db postgres`` moves every peer's store to PostgreSQL with fsync on (checked:
+``SHOW fsync`` and ``SHOW synchronous_commit`` both ``on``), the server nexo's ``postgres`` cycle
+uses in that run, one fresh database per peer: LangGraph with its own ``PostgresSaver``
+(``langgraph-checkpoint-postgres``), the other two with their state in one row of a table,
+committed (one WAL flush) at every ``put``. The default, ``sqlite-wal-full``, keeps them on
+SQLite WAL+FULL as below.
+
 - ``langgraph``: a ``StateGraph`` (model node → tools node → model node) compiled with
   ``SqliteSaver`` on a file (``setup()`` puts it in WAL; we set ``synchronous=FULL``);
   ``interrupt()`` in the tools node pauses, ``Command(resume=...)`` resumes; every checkpoint
@@ -26,7 +33,7 @@ serialisation and its durable writes. The frameworks take turns in rounds (``--r
 each), so a burst of load on a shared machine falls on all of them alike.
 
     python -m bench.peers [--cycles N] [--nexo-db sqlite-wal-full|postgres|none] [--framework NAME ...]
-                          [--processes N]
+                          [--peer-db sqlite-wal-full|postgres] [--processes N]
 
 ``--processes N`` runs the whole comparison N times, each in a fresh process, one after the other,
 and reports the median of their figures beside the lowest and highest ratio: the ratio moves from
@@ -62,13 +69,18 @@ from bench.common import (
     ms,
     note,
     p95,
+    postgres_url,
     scratch,
     setup_django,
 )
 
 WARMUP = 10
+COUNTED = 3
 PROMPT = "Write 'hi' to notes.txt"
 SQLITE_FULL = ("PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL")
+#: ``--peer-db``: where the peers keep their state, and the label it has in the figures (the
+#: same label bench.common.db_label gives nexo's database; PostgreSQL's is checked on the server)
+PEER_DBS = {"sqlite-wal-full": "sqlite-wal-full", "postgres": "postgresql-fsync"}
 
 
 def version_of(dist: str) -> str:
@@ -101,6 +113,47 @@ class CommitCounter:
             self.count += 1
 
 
+def open_postgres(url: str, **options: Any) -> Any:
+    """A psycopg connection (``options`` passed on) to a server whose every commit waits for its
+    WAL flush: ``fsync`` and ``synchronous_commit`` on (checked, as ``open_sqlite`` checks its
+    pragmas), so a commit there is as durable as a SQLite WAL+FULL one."""
+    import psycopg
+    from psycopg.rows import tuple_row
+
+    conn = psycopg.connect(url, **options)
+    settings = {}
+    with conn.cursor(row_factory=tuple_row) as cursor:
+        for name in ("fsync", "synchronous_commit"):
+            row = cursor.execute(f"SHOW {name}").fetchone()
+            settings[name] = row[0] if row else None
+    if not conn.autocommit:
+        conn.rollback()
+    if settings != {"fsync": "on", "synchronous_commit": "on"}:
+        conn.close()
+        raise RuntimeError(f"{url}: {settings}, wanted fsync and synchronous_commit on")
+    return conn
+
+
+class TransactionIds:
+    """Counts the transactions that wrote on a PostgreSQL server, from its transaction-id counter
+    (``pg_current_snapshot()``'s xmax, read on a connection of its own: reading takes none): each
+    transaction that writes takes one id, and with ``synchronous_commit`` on its COMMIT waits for
+    its WAL flush, the analogue of a SQLite WAL+FULL COMMIT's fsync. Read-only transactions take
+    none. The counter is the whole server's: read it only while nothing else writes there (the
+    frameworks take turns in one process)."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+
+    @property
+    def count(self) -> int:
+        row = self.conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
+        assert row is not None
+        return int(row[0])
+
+
 class StateStore:
     """Where a framework without a store of its own keeps its paused state: one row per run in a
     SQLite file, WAL + synchronous=FULL, committed (so fsynced) at every ``put``."""
@@ -121,6 +174,40 @@ class StateStore:
         if row is None:
             raise KeyError(key)
         return row[0]
+
+
+class PostgresStateStore:
+    """``StateStore`` on PostgreSQL (``--peer-db postgres``): one row per run in a table, on a
+    psycopg connection with autocommit off, one transaction per ``put`` (the upsert, then COMMIT:
+    one WAL flush); ``get`` reads in a transaction of its own, ended at once (it writes nothing,
+    so its commit flushes nothing). The state is kept as text (both frameworks' is JSON)."""
+
+    def __init__(self, url: str) -> None:
+        self.conn = open_postgres(url)
+        self.conn.execute("CREATE TABLE IF NOT EXISTS run_state (id text PRIMARY KEY, state text NOT NULL)")
+        self.conn.commit()
+        self.commits = TransactionIds(url)
+
+    def put(self, key: str, state: bytes | str) -> None:
+        text = state.decode() if isinstance(state, bytes) else state
+        self.conn.execute(
+            "INSERT INTO run_state (id, state) VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state",
+            (key, text),
+        )
+        self.conn.commit()
+
+    def get(self, key: str) -> Any:
+        row = self.conn.execute("SELECT state FROM run_state WHERE id = %s", (key,)).fetchone()
+        self.conn.commit()
+        if row is None:
+            raise KeyError(key)
+        return row[0]
+
+
+def state_store(workdir: Path, peer_db: str) -> StateStore | PostgresStateStore:
+    """The store of a framework without one of its own, on ``--peer-db``: a SQLite file in
+    ``workdir``, or a fresh database on the benchmark's PostgreSQL."""
+    return PostgresStateStore(postgres_url()) if peer_db == "postgres" else StateStore(workdir / "state.sqlite3")
 
 
 class Peer(ABC):
@@ -161,19 +248,17 @@ class LangGraphPeer(Peer):
     name = "langgraph"
     dist = "langgraph"
 
-    def __init__(self, workdir: Path, durability: str = "sync") -> None:
+    def __init__(self, workdir: Path, durability: str = "sync", peer_db: str = "sqlite-wal-full") -> None:
         super().__init__(workdir)
         from typing import Annotated, TypedDict
 
         from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
-        from langgraph.checkpoint.sqlite import SqliteSaver
         from langgraph.graph import END, START, StateGraph
         from langgraph.graph.message import add_messages
         from langgraph.types import Command, interrupt
 
         self.Command = Command
         self.durability = durability
-        self.store = f"SqliteSaver_file_wal_full_durability={durability}"
         peer = self
 
         # The functional form: its types are objects, not strings this module's globals lack.
@@ -202,13 +287,37 @@ class LangGraphPeer(Peer):
         graph.add_edge(START, "model")
         graph.add_conditional_edges("model", route, ["tools", END])
         graph.add_edge("tools", "model")
+        self.counter: CommitCounter | TransactionIds
+        if peer_db == "postgres":
+            self.store = f"PostgresSaver_fsync_durability={durability}"
+            self.app = graph.compile(checkpointer=self._postgres_saver())
+        else:
+            self.store = f"SqliteSaver_file_wal_full_durability={durability}"
+            self.app = graph.compile(checkpointer=self._sqlite_saver(workdir))
+
+    def _sqlite_saver(self, workdir: Path) -> Any:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
         conn = open_sqlite(workdir / "checkpoints.sqlite3")
         self.counter = CommitCounter(conn)
         saver = SqliteSaver(conn)
         saver.setup()  # sets journal_mode=WAL again; synchronous stays FULL (per connection)
         if conn.execute("PRAGMA synchronous").fetchone()[0] != 2:
             raise RuntimeError("SqliteSaver changed synchronous")
-        self.app = graph.compile(checkpointer=saver)
+        return saver
+
+    def _postgres_saver(self) -> Any:
+        """LangGraph's own PostgreSQL checkpointer on a fresh database, its connection opened as
+        ``PostgresSaver.from_conn_string`` opens it (autocommit, ``prepare_threshold=0``, dict
+        rows): each checkpoint and each batch of pending writes is one transaction of the saver."""
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+
+        url = postgres_url()
+        saver = PostgresSaver(open_postgres(url, autocommit=True, prepare_threshold=0, row_factory=dict_row))
+        saver.setup()
+        self.counter = TransactionIds(url)
+        return saver
 
     def cycle(self, i: int) -> None:
         from langchain_core.messages import HumanMessage
@@ -229,7 +338,7 @@ class PydanticAIPeer(Peer):
     dist = "pydantic-ai-slim"
     store = "history_json_in_sqlite_row_wal_full"
 
-    def __init__(self, workdir: Path, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, workdir: Path, loop: asyncio.AbstractEventLoop, peer_db: str = "sqlite-wal-full") -> None:
         super().__init__(workdir)
         from pydantic_ai import (
             Agent,
@@ -244,7 +353,9 @@ class PydanticAIPeer(Peer):
         self.adapter = ModelMessagesTypeAdapter
         self.DeferredToolRequests = DeferredToolRequests
         self.DeferredToolResults = DeferredToolResults
-        self.state = StateStore(workdir / "state.sqlite3")
+        self.state = state_store(workdir, peer_db)
+        if peer_db == "postgres":
+            self.store = self.store.replace("sqlite_row_wal_full", "postgresql_row_fsync")
         self.current = 0
 
         def fake(messages: list[Any], info: AgentInfo) -> ModelResponse:
@@ -287,7 +398,7 @@ class OpenAIAgentsPeer(Peer):
     dist = "openai-agents"
     store = "RunState_json_in_sqlite_row_wal_full"
 
-    def __init__(self, workdir: Path, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, workdir: Path, loop: asyncio.AbstractEventLoop, peer_db: str = "sqlite-wal-full") -> None:
         super().__init__(workdir)
         from agents import Agent, Runner, RunState, function_tool, set_tracing_disabled
         from agents.items import ModelResponse
@@ -303,7 +414,9 @@ class OpenAIAgentsPeer(Peer):
         self.loop = loop
         self.Runner = Runner
         self.RunState = RunState
-        self.state = StateStore(workdir / "state.sqlite3")
+        self.state = state_store(workdir, peer_db)
+        if peer_db == "postgres":
+            self.store = self.store.replace("sqlite_row_wal_full", "postgresql_row_fsync")
         self.current = 0
         peer = self
 
@@ -381,17 +494,22 @@ class NexoPeer(Peer):
 FRAMEWORKS = ("langgraph", "pydantic_ai", "openai_agents")
 PEER_DISTS = {"langgraph": "langgraph-checkpoint-sqlite", "pydantic_ai": "pydantic-ai-slim",
               "openai_agents": "openai-agents"}  # fmt: skip
+#: ... and with ``--peer-db postgres``
+PEER_DISTS_POSTGRES = {**PEER_DISTS, "langgraph": "langgraph-checkpoint-postgres"}
 
 
-def make_peers(names: list[str], root: Path, loop: asyncio.AbstractEventLoop, durability: str) -> list[Peer]:
+def make_peers(
+    names: list[str], root: Path, loop: asyncio.AbstractEventLoop, durability: str, peer_db: str = "sqlite-wal-full"
+) -> list[Peer]:
     makers: dict[str, Callable[[Path], Peer]] = {
-        "langgraph": lambda d: LangGraphPeer(d, durability),
-        "pydantic_ai": lambda d: PydanticAIPeer(d, loop),
-        "openai_agents": lambda d: OpenAIAgentsPeer(d, loop),
+        "langgraph": lambda d: LangGraphPeer(d, durability, peer_db),
+        "pydantic_ai": lambda d: PydanticAIPeer(d, loop, peer_db),
+        "openai_agents": lambda d: OpenAIAgentsPeer(d, loop, peer_db),
     }
+    dists = PEER_DISTS_POSTGRES if peer_db == "postgres" else PEER_DISTS
     peers = []
     for name in names:
-        if version_of(PEER_DISTS[name]) == "absent":
+        if version_of(dists[name]) == "absent":
             note(f"{name} is not installed (pip install -e '.[bench]'): skipped")
             continue
         directory = root / name
@@ -407,6 +525,9 @@ def main() -> None:
     parser.add_argument("--framework", action="append", choices=FRAMEWORKS, dest="frameworks")
     parser.add_argument("--nexo-db", default="sqlite-wal-full", choices=[*DATABASES, "none"],
                         help="the database of nexo_django's cycle, timed in the same rounds (none: peers only)")
+    parser.add_argument("--peer-db", default="sqlite-wal-full", choices=list(PEER_DBS),
+                        help="where the peers keep their state: SQLite WAL+FULL files, or PostgreSQL with fsync on "
+                             "(the server of nexo's postgres cycle)")
     parser.add_argument("--langgraph-durability", default="sync", choices=["sync", "async", "exit"])
     parser.add_argument("--no-freeze", action="store_true", help="leave the set-up objects to the collector")
     parser.add_argument("--processes", type=int, default=1, help="run it in N fresh processes and take the medians")
@@ -417,7 +538,7 @@ def main() -> None:
     root = scratch() / "peers"
     root.mkdir()
     loop = asyncio.new_event_loop()
-    peers = make_peers(args.frameworks or list(FRAMEWORKS), root, loop, args.langgraph_durability)
+    peers = make_peers(args.frameworks or list(FRAMEWORKS), root, loop, args.langgraph_durability, args.peer_db)
     if not peers:
         raise SystemExit("no peer framework is installed: pip install -e '.[bench]'")
     if args.nexo_db != "none":
@@ -429,9 +550,14 @@ def main() -> None:
     for peer in peers:
         for _ in range(WARMUP):
             peer.cycle(next(counter))
-        before = peer.commits()
-        peer.cycle(next(counter))
-        commits[peer.name] = peer.commits() - before
+        counted = []
+        # The fewest of COUNTED cycles: on PostgreSQL the count is the server's (TransactionIds),
+        # where an autovacuum's analyze could add one.
+        for _ in range(COUNTED):
+            before = peer.commits()
+            peer.cycle(next(counter))
+            counted.append(peer.commits() - before)
+        commits[peer.name] = min(counted)
 
     if not args.no_freeze:
         # Every framework's modules and objects live in this one heap: freeze them out of the
@@ -470,21 +596,25 @@ def main() -> None:
         median_ms=medians[nexo.name], p95_ms=ms(p95(wall[nexo.name])), cpu_median_ms=ms(median(cpu[nexo.name])),
     )  # fmt: skip
     best = min((p for p in peers if p is not nexo), key=lambda p: medians[p.name])
+    # The peers' database is named only where it is not the SQLite of the existing figures.
+    peer_db = {"peer_db": PEER_DBS[args.peer_db]} if args.peer_db != "sqlite-wal-full" else {}
     figure(
-        "cycle_vs_best_peer", nexo_db=nexo.store, nexo_median_ms=medians[nexo.name], best_peer=best.name,
+        "cycle_vs_best_peer", nexo_db=nexo.store, **peer_db, nexo_median_ms=medians[nexo.name], best_peer=best.name,
         best_peer_median_ms=medians[best.name], ratio=medians[nexo.name] / medians[best.name],
         # CPU alone: what is left when the fsyncs (slow and shared on a busy machine) are not counted.
         cpu_ratio=median(cpu[nexo.name]) / median(cpu[best.name]),
     )  # fmt: skip
-    print_verdict(nexo.store, best.name, fmt(medians[nexo.name] / medians[best.name]))
+    print_verdict(nexo.store, best.name, fmt(medians[nexo.name] / medians[best.name]), peer_db.get("peer_db"))
     note(f"one process, frameworks in turn; load average {'/'.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
-def print_verdict(nexo_db: str, best_peer: str, ratio: str) -> None:
-    """The same verdict bench/run.py prints for this ratio."""
+def print_verdict(nexo_db: str, best_peer: str, ratio: str, peer_db: str | None = None) -> None:
+    """The same verdict bench/run.py prints for this ratio (``peer_db``: as in the figure, absent
+    for the peers on SQLite)."""
     from bench.targets import evaluate
 
-    for verdict in evaluate([{"figure": "cycle_vs_best_peer", "nexo_db": nexo_db, "best_peer": best_peer, "ratio": ratio}]):
+    judged = {"figure": "cycle_vs_best_peer", "nexo_db": nexo_db, "best_peer": best_peer, "ratio": ratio}
+    for verdict in evaluate([{**judged, **({"peer_db": peer_db} if peer_db else {})}]):
         if verdict.startswith("target=cycle_vs_best_peer") and "not_measured" not in verdict:
             print(verdict, flush=True)
 
@@ -531,14 +661,15 @@ def in_processes(count: int) -> None:
         return
     best = Counter(r["best_peer"] for r in ratios).most_common(1)[0][0]
     ratio = mid(ratios, "ratio")
+    peer_db = {"peer_db": ratios[0]["peer_db"]} if "peer_db" in ratios[0] else {}
     figure(
-        "cycle_vs_best_peer", nexo_db=ratios[0]["nexo_db"], processes=len(ratios),
+        "cycle_vs_best_peer", nexo_db=ratios[0]["nexo_db"], **peer_db, processes=len(ratios),
         nexo_median_ms=mid(ratios, "nexo_median_ms"), best_peer=best,
         best_peer_median_ms=mid(ratios, "best_peer_median_ms"), ratio=ratio,
         ratio_min=min(float(r["ratio"]) for r in ratios), ratio_max=max(float(r["ratio"]) for r in ratios),
         cpu_ratio=mid(ratios, "cpu_ratio"),
     )  # fmt: skip
-    print_verdict(ratios[0]["nexo_db"], best, fmt(ratio))
+    print_verdict(ratios[0]["nexo_db"], best, fmt(ratio), peer_db.get("peer_db"))
 
 
 if __name__ == "__main__":

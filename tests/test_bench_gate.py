@@ -1,5 +1,6 @@
 """make bench's regression gate (bench/regression.py, bench/targets.py): the judging, and the
-baseline tree measured beside the working tree in fresh processes, in turns."""
+baseline tree measured beside the working tree in fresh processes, in turns; the peer targets'
+judging (bench/peers.py's figures)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,53 @@ def test_a_full_regression_over_ten_percent_is_a_gate_miss_and_a_quick_one_is_no
     assert len(verdicts) == 2  # the quick figure is a smoke test: judged by nothing
     assert "key=median_ms" in verdicts[0] and verdicts[0].endswith("met=no")
     assert "key=cpu_median_ms" in verdicts[1] and verdicts[1].endswith("met=yes")
+
+
+def peer_verdicts(lines: list[str]) -> list[str]:
+    return [v for v in evaluate(parse(lines)) if v.startswith("target=cycle_vs_best_peer")]
+
+
+@pytest.mark.parametrize(("ratio", "met"), [("0.691", "no"), ("0.5", "yes"), ("0.45", "yes")])
+def test_the_same_database_comparison_on_postgresql_has_a_target_of_its_own(ratio, met):
+    line = (
+        "figure=cycle_vs_best_peer nexo_db=postgresql-fsync peer_db=postgresql-fsync processes=5 nexo_median_ms=17.7"
+        f" best_peer=langgraph best_peer_median_ms=25.6 ratio={ratio} cpu_ratio=0.444"
+    )
+    verdicts = peer_verdicts([line])
+    assert (
+        f"target=cycle_vs_best_peer_same_db nexo_db=postgresql-fsync peer_db=postgresql-fsync best_peer=langgraph "
+        f"value={ratio} limit<=0.5 met={met}"
+    ) in verdicts
+    # The comparisons with the peers on SQLite are not judged on it: they were not measured.
+    assert [v for v in verdicts if v.startswith("target=cycle_vs_best_peer ")] == [
+        "target=cycle_vs_best_peer limit<=0.5 met=not_measured"
+    ] * 2
+
+
+def test_the_peers_on_sqlite_stay_judged_by_the_cross_database_targets_only():
+    lines = [
+        "figure=cycle_vs_best_peer nexo_db=sqlite-wal-full processes=5 nexo_median_ms=4.8 best_peer=langgraph"
+        " best_peer_median_ms=10.8 ratio=0.457 ratio_min=0.423 ratio_max=0.484 cpu_ratio=0.415",
+        "figure=cycle_vs_best_peer nexo_db=postgresql-fsync processes=5 nexo_median_ms=10.8 best_peer=langgraph"
+        " best_peer_median_ms=11.0 ratio=0.997 ratio_min=0.9 ratio_max=1.1 cpu_ratio=0.488",
+    ]
+    assert peer_verdicts(lines) == [
+        "target=cycle_vs_best_peer nexo_db=sqlite-wal-full best_peer=langgraph value=0.457 limit<=0.5 met=yes",
+        "target=cycle_vs_best_peer nexo_db=postgresql-fsync best_peer=langgraph value=0.997 limit<=0.5 met=no",
+        "target=cycle_vs_best_peer_same_db limit<=0.5 met=not_measured",
+    ]
+
+
+def test_bench_peers_prints_the_verdict_of_the_figure_it_printed(capsys):
+    from bench.peers import print_verdict
+
+    print_verdict("postgresql-fsync", "langgraph", "0.691", "postgresql-fsync")
+    print_verdict("postgresql-fsync", "langgraph", "0.997")
+    assert capsys.readouterr().out.splitlines() == [
+        "target=cycle_vs_best_peer_same_db nexo_db=postgresql-fsync peer_db=postgresql-fsync best_peer=langgraph"
+        " value=0.691 limit<=0.5 met=no",
+        "target=cycle_vs_best_peer nexo_db=postgresql-fsync best_peer=langgraph value=0.997 limit<=0.5 met=no",
+    ]
 
 
 def tree_with_probe(root: Path, value: float) -> Path:
