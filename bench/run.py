@@ -84,7 +84,13 @@ STEPS = [
     # machine of 2026-12-03, against 228 s for peers_postgres.)
     Step("peers_postgres_same_db", ["bench.peers", "--nexo-db", "postgres", "--peer-db", "postgres", "--processes", "5"],
          ["--cycles", "30", "--round", "10", "--processes", "2"], timeout=600),
-    Step("peers_postgres_prepared", ["bench.peers", "--nexo-db", "postgres-prepared"], ["--cycles", "30", "--round", "10"]),
+    # nexo with prepared statements (docs/deployment.md, where the connections allow them; LangGraph's
+    # PostgresSaver prepares its own statements), beside the peers on SQLite and on PostgreSQL.
+    Step("peers_postgres_prepared", ["bench.peers", "--nexo-db", "postgres-prepared", "--processes", "5"],
+         ["--cycles", "30", "--round", "10", "--processes", "2"]),
+    Step("peers_postgres_prepared_same_db",
+         ["bench.peers", "--nexo-db", "postgres-prepared", "--peer-db", "postgres", "--processes", "5"],
+         ["--cycles", "30", "--round", "10", "--processes", "2"], timeout=600),
     Step("reconcile_sqlite", ["bench.reconcile", "--db", "sqlite"], ["--sizes", "1000,10000", "--rounds", "5"]),
     Step("reconcile_postgres", ["bench.reconcile", "--db", "postgres"], ["--sizes", "1000,10000", "--rounds", "5"]),
     # The concurrent worker beside the asyncio peer (issue 34's worker targets), on both Pythons.

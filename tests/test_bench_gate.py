@@ -44,7 +44,7 @@ def test_the_same_database_comparison_on_postgresql_has_a_target_of_its_own(rati
     # The comparisons with the peers on SQLite are not judged on it: they were not measured.
     assert [v for v in verdicts if v.startswith("target=cycle_vs_best_peer ")] == [
         "target=cycle_vs_best_peer limit<=0.5 met=not_measured"
-    ] * 2
+    ] * 3
 
 
 def test_the_peers_on_sqlite_stay_judged_by_the_cross_database_targets_only():
@@ -58,6 +58,36 @@ def test_the_peers_on_sqlite_stay_judged_by_the_cross_database_targets_only():
         "target=cycle_vs_best_peer nexo_db=sqlite-wal-full best_peer=langgraph value=0.457 limit<=0.5 met=yes",
         "target=cycle_vs_best_peer nexo_db=postgresql-fsync best_peer=langgraph value=0.997 limit<=0.5 met=no",
         "target=cycle_vs_best_peer_same_db limit<=0.5 met=not_measured",
+        "target=cycle_vs_best_peer limit<=0.5 met=not_measured",
+        "target=cycle_vs_best_peer_same_db limit<=0.5 met=not_measured",
+    ]
+
+
+def test_nexo_with_prepared_statements_is_judged_apart_from_djangos_default_binding():
+    """`postgres-prepared` (a configuration docs/deployment.md recommends where the connections
+    allow it) has targets of its own: its figures never stand in for the default's."""
+    lines = [
+        "figure=cycle_vs_best_peer nexo_db=postgresql-fsync-prepared processes=5 nexo_median_ms=6.1 best_peer=langgraph"
+        " best_peer_median_ms=12.0 ratio=0.508 cpu_ratio=0.4",
+        "figure=cycle_vs_best_peer nexo_db=postgresql-fsync-prepared peer_db=postgresql-fsync processes=5"
+        " nexo_median_ms=6.1 best_peer=pydantic_ai best_peer_median_ms=12.5 ratio=0.488 cpu_ratio=0.4",
+    ]
+    assert peer_verdicts(lines) == [
+        "target=cycle_vs_best_peer limit<=0.5 met=not_measured",
+        "target=cycle_vs_best_peer limit<=0.5 met=not_measured",
+        "target=cycle_vs_best_peer_same_db limit<=0.5 met=not_measured",
+        "target=cycle_vs_best_peer nexo_db=postgresql-fsync-prepared best_peer=langgraph value=0.508 limit<=0.5 met=no",
+        "target=cycle_vs_best_peer_same_db nexo_db=postgresql-fsync-prepared peer_db=postgresql-fsync"
+        " best_peer=pydantic_ai value=0.488 limit<=0.5 met=yes",
+    ]
+    floors = [v for v in evaluate(parse([
+        "figure=cycle_over_floor db=postgresql-fsync-prepared start=run cycle_median_ms=6.4 floor_ms=2.84 multiple=2.25",
+    ])) if v.startswith("target=cycle_over_commit_floor")]  # fmt: skip
+    assert floors == [
+        "target=cycle_over_commit_floor limit<=3 met=not_measured",
+        "target=cycle_over_commit_floor limit<=3 met=not_measured",
+        "target=cycle_over_commit_floor db=postgresql-fsync-prepared cycle_median_ms=6.4 floor_ms=2.84 value=2.25"
+        " limit<=3 met=yes",
     ]
 
 
