@@ -85,33 +85,73 @@ def execute_driver(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any], f
     """:func:`execute_sqlite` for PostgreSQL: the driver's cursor with the connection's time zone,
     as the backend's ``create_cursor`` makes it, without Django's wrapper around it.
 
-    The values go apart from the statement (psycopg's server-side binding) even where the
-    connection binds them on the client (Django's default, ``server_side_binding`` unset): psycopg
-    then dumps them in C, where client-side binding quotes each one in Python (~5 % of an approval
-    cycle's CPU). The statement is unnamed, never prepared, so a pooler in transaction mode is
-    fine; PostgreSQL parses and plans it each time, as it does the inlined text. Where the
-    connection binds on the server itself, its cursor and its ``prepare_threshold`` are used."""
+    On psycopg 3 the statement goes in PostgreSQL's own placeholders (``$1``, ``$2``...: converted
+    once per statement, as :func:`qmark` does for SQLite) on a ``RawCursor``, its values apart
+    from the text (server-side binding), even where the connection binds them on the client
+    (Django's default). So psycopg neither splits the text at its placeholders again at every
+    execution (it keeps the split only for statements of at most 50 values and 4,096 characters,
+    and the hot path's batches are longer) nor quotes each value in Python (it dumps them in C):
+    together ~10 % of an approval cycle's CPU on PostgreSQL. Unless the connection asks for
+    prepared statements (``server_side_binding`` on, and its ``prepare_threshold``), the statement
+    is unnamed, never prepared: a pooler in transaction mode is fine, and PostgreSQL parses and
+    plans it each time, as it does the text with the values inlined."""
+    native = _dollar.get(sql)
+    if native is None:
+        native = dollar(sql)
     ready(conn)
     try:
         conn.validate_no_broken_transaction()
         with conn.wrap_database_errors:
-            if conn.settings_dict["OPTIONS"].get("server_side_binding") is True or _binding is None:
+            if _raw is None or not native:  # psycopg2, or a placeholder other than %s
                 with conn.create_cursor() as cursor:
                     cursor.execute(sql, params)
                     return cursor.fetchall() if fetch else cursor.rowcount
-            with _binding(conn) as cursor:
-                cursor.execute(sql, params, prepare=False)
+            prepare = None if conn.settings_dict["OPTIONS"].get("server_side_binding") is True else False
+            with _raw(conn) as cursor:
+                cursor.execute(native, params, prepare=prepare)
                 return cursor.fetchall() if fetch else cursor.rowcount
     except Exception as exc:
         doom(conn, exc)
         raise
 
 
-def _server_binding_cursor(conn: Any) -> Any:
-    """The backend's ``create_cursor()`` with its ``ServerBindingCursor`` class (what it makes
-    when ``server_side_binding`` is on): same connection, same adapters, same time zone."""
+#: a statement's SQL in PostgreSQL's own placeholders (``$1``...), converted once, or "" if it has
+#: a placeholder other than ``%s`` (then psycopg converts it); at most ``QMARK_MAX`` of them
+_dollar: dict[str, str] = {}
+_PLACEHOLDER = re.compile(r"%(.)")
+
+
+def dollar(sql: str) -> str:
+    """``sql`` with its ``%s`` numbered as ``$1``, ``$2``... and ``%%`` made ``%``: what psycopg's
+    server-side binding sends for it (kept). "" for any other placeholder (``%b``, ``%t``,
+    ``%(name)s``), which psycopg's own conversion handles."""
+    count = 0
+
+    def number(match: re.Match[str]) -> str:
+        nonlocal count
+        if match.group(1) == "%":
+            return "%"
+        if match.group(1) != "s":
+            raise ValueError(match.group(0))
+        count += 1
+        return f"${count}"
+
+    try:
+        native = _PLACEHOLDER.sub(number, sql)
+    except ValueError:
+        native = ""
+    if len(_dollar) < QMARK_MAX:
+        _dollar[sql] = native
+    return native
+
+
+def _raw_cursor(conn: Any) -> Any:
+    """The backend's ``create_cursor()`` (same connection, adapters and time zone), but psycopg's
+    ``RawCursor``: ``$n`` placeholders, the values bound on the server."""
+    import psycopg
+
     base: Any = import_module("django.db.backends.postgresql.base")  # names the stubs lack
-    cursor = base.ServerBindingCursor(conn.connection)
+    cursor = psycopg.RawCursor(conn.connection)
     tzloader = conn.connection.adapters.get_loader(base.TIMESTAMPTZ_OID, base.Format.TEXT)
     if conn.timezone != tzloader.timezone:
         base.register_tzloader(conn.timezone, cursor)
@@ -126,9 +166,8 @@ def _psycopg3() -> bool:
     return bool(is_psycopg3)
 
 
-#: how :func:`execute_driver` makes a cursor that binds on the server (psycopg 3), else None
-#: (psycopg2 has no such cursor: the backend's own, as it binds)
-_binding: Callable[[Any], Any] | None = _server_binding_cursor if _psycopg3() else None
+#: how :func:`execute_driver` makes its cursor on psycopg 3, else None (psycopg2: the backend's own)
+_raw: Callable[[Any], Any] | None = _raw_cursor if _psycopg3() else None
 
 
 #: model -> the attribute names of its concrete fields, if its instances can be built without

@@ -259,6 +259,12 @@ def test_values_are_stored_as_given_and_on_postgresql_go_apart_from_the_statemen
     assert [e.data["text"] for e in RunEvent.objects.filter(run=run, type="note")] == [text] * 6
     if postgres:
         assert driver.execute_driver(connection, "SELECT pg_typeof(%s)::text", [1], True) == [("smallint",)]
+        # PostgreSQL's own placeholders, numbered once per statement; %% is %; any other placeholder
+        # goes to psycopg's conversion (the backend's cursor), with the same result.
+        assert driver.dollar("SELECT %s, '100%%', %s") == "SELECT $1, '100%', $2"
+        assert driver.dollar("SELECT %(a)s") == ""
+        assert driver.execute_driver(connection, "SELECT %s || '%%' || %s", ["a", "b"], True) == [("a%b",)]
+        assert driver.execute_driver(connection, "SELECT %(a)s::text", {"a": "x"}, True) == [("x",)]
         options = connection.settings_dict["OPTIONS"]
         asks = options.get("server_side_binding") is True and options.get("prepare_threshold") is not None
         assert (prepared() > prepared_before) == asks
