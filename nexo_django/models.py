@@ -115,8 +115,10 @@ class AgentRun(models.Model):
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
     result = StoredTextField(null=True, blank=True)  # noqa: DJ001 - None: no final answer yet
     error = StoredTextField(blank=True, default="")
+    # No index of its own: (created_by, created_at) below serves every lookup by user.
     created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="agent_runs"
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="agent_runs",
+        db_index=False,
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -144,7 +146,7 @@ class AgentRun(models.Model):
     #: The workflow run this agent run is a step of (``Workflow.run_agent``): its end wakes it.
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children",
-        help_text="The workflow run this agent run is a step of.",
+        help_text="The workflow run this agent run is a step of.", db_index=False,
     )
 
     class Meta:
@@ -156,6 +158,10 @@ class AgentRun(models.Model):
             # The run lists (newest first): everyone's, and each user's own (/runs/, the admin).
             models.Index(fields=["created_at"], name="nexo_run_created"),
             models.Index(fields=["created_by", "created_at"], name="nexo_run_by_created"),
+            # Most runs have no parent: only those that do are indexed (each index is a page
+            # written by the commit that inserts a run). `parent_id = x` implies NOT NULL, so both
+            # databases use it for a lookup, without a bound value to compare (issue 34).
+            models.Index(fields=["parent"], condition=models.Q(parent__isnull=False), name="nexo_run_parent"),
         ]
 
     def __str__(self) -> str:
@@ -488,7 +494,8 @@ class Decision(models.Model):
     decided_at = models.DateTimeField(auto_now_add=True)
     source = models.CharField(max_length=20, default="api")
     #: The standing rule that made it (source "rule"); a rule that decided something is kept.
-    rule = models.ForeignKey(ApprovalRule, null=True, blank=True, on_delete=models.PROTECT, related_name="decisions")
+    rule = models.ForeignKey(ApprovalRule, null=True, blank=True, on_delete=models.PROTECT, related_name="decisions",
+                             db_index=False)
     #: The version of the call's file the approver was shown ("": there was no file), bound to
     #: the approval: the write runs only while the file is still that version.
     file_version = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001 - None: none shown
@@ -501,6 +508,8 @@ class Decision(models.Model):
 
     class Meta:
         ordering = ["decided_at", "id"]
+        # Only the decisions a rule made are indexed by it (most have none): see AgentRun.parent.
+        indexes = [models.Index(fields=["rule"], condition=models.Q(rule__isnull=False), name="nexo_decision_rule")]
 
     def __str__(self) -> str:
         return f"{self.verdict} by {self.decided_by or 'system'}"

@@ -56,3 +56,56 @@ def test_0006_drops_only_the_run_indexes_a_composite_index_covers_and_back() -> 
     assert {table: _run_indexes(table) for table in tables} == after
     new = executor.loader.project_state(executor.loader.graph.leaf_nodes("nexo_django")).apps
     assert new.get_model("nexo_django", "RunEvent").objects.get().run_id == run.pk
+
+
+def _column_indexes(table: str, column: str) -> dict[str, bool]:
+    """The plain indexes on ``table`` whose only column is ``column``: name -> whether partial."""
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, table)
+        if connection.vendor == "sqlite":
+            cursor.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = %s", [table])
+            partial = {name: " WHERE " in (sql or "") for name, sql in cursor.fetchall()}
+        else:
+            cursor.execute("SELECT indexrelid::regclass::text, indpred IS NOT NULL FROM pg_index "
+                           "WHERE indrelid = %s::regclass", [table])
+            partial = {name.strip('"'): bool(pred) for name, pred in cursor.fetchall()}
+    return {
+        name: partial[name] for name, info in found.items()
+        if info["index"] and not info["unique"] and not info["primary_key"] and info["columns"] == [column]
+    }  # fmt: skip
+
+
+@pytest.mark.durable
+@pytest.mark.django_db(transaction=True)
+def test_0014_drops_the_covered_user_index_makes_parent_and_rule_partial_and_back() -> None:
+    columns = [("nexo_django_agentrun", "created_by_id"), ("nexo_django_agentrun", "parent_id"),
+               ("nexo_django_decision", "rule_id")]
+    after = {column: _column_indexes(*column) for column in columns}
+    assert after == {
+        ("nexo_django_agentrun", "created_by_id"): {},  # (created_by, created_at) serves it
+        ("nexo_django_agentrun", "parent_id"): {"nexo_run_parent": True},
+        ("nexo_django_decision", "rule_id"): {"nexo_decision_rule": True},
+    }
+    executor = MigrationExecutor(connection)
+    executor.migrate([("nexo_django", "0013_channels")])
+    old = executor.loader.project_state([("nexo_django", "0013_channels")]).apps
+    parent = old.get_model("nexo_django", "AgentRun").objects.create(agent="app.agents.Flow", prompt="p")
+    old.get_model("nexo_django", "AgentRun").objects.create(agent="app.agents.Scribe", prompt="p", parent=parent)
+    for column in columns:  # one full index each again
+        assert list(_column_indexes(*column).values()) == [False], column
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes("nexo_django"))
+    assert {column: _column_indexes(*column) for column in columns} == after
+    new = executor.loader.project_state(executor.loader.graph.leaf_nodes("nexo_django")).apps
+    assert new.get_model("nexo_django", "AgentRun").objects.filter(parent_id=parent.pk).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_lookup_by_parent_or_rule_uses_its_partial_index_on_sqlite() -> None:
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's plan; PostgreSQL's depends on its statistics")
+    from nexo_django.models import AgentRun, Decision
+
+    assert "nexo_run_parent" in AgentRun.objects.filter(parent_id="0" * 32).explain()
+    assert "nexo_decision_rule" in Decision.objects.filter(rule_id__in=[1, 2]).explain()

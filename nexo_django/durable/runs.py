@@ -107,7 +107,7 @@ def transition(run: AgentRun | Any, old: str, new: str, *conditions: Any, **fiel
 
 
 def _status_changed(run_id: Any, old: str, new: str) -> None:
-    if not run_status_changed.has_listeners(AgentRun):
+    if not driver.listened(run_status_changed, AgentRun):
         return
 
     def send() -> None:

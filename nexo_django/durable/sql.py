@@ -183,7 +183,7 @@ def bulk_create[M: Model](objs: list[M], *, signals: bool = False, db: DB = None
     alias, conn = db or _db(model, write=True)
     pk = _pk(model)
     auto_pk = isinstance(pk, AutoField)
-    listened = signals and (pre_save.has_listeners(model) or post_save.has_listeners(model))
+    listened = signals and (driver.listened(pre_save, model) or driver.listened(post_save, model))
     if listened or (auto_pk and not conn.features.can_return_rows_from_bulk_insert):
         # Receivers to run, or a backend that cannot return the keys (MySQL): the ORM's way.
         if not signals:
@@ -727,7 +727,7 @@ class Batch:
 
 def _listened(obj: Model) -> bool:
     model = type(obj)
-    return pre_save.has_listeners(model) or post_save.has_listeners(model)
+    return driver.listened(pre_save, model) or driver.listened(post_save, model)
 
 
 def _auto_pk(model: type[Model]) -> bool:
