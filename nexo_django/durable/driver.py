@@ -285,6 +285,21 @@ def converter(conn: BaseDatabaseWrapper, col: Any, converters: Sequence[Any]) ->
     return convert_all
 
 
+#: the last UUID text read and its UUID (a cycle reads one run's id in several rows)
+_last_uuid: tuple[Any, Any] = (None, None)
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    """``uuid.UUID(value)``, the last one kept: a UUID is immutable, so rows may share it."""
+    global _last_uuid
+    last = _last_uuid
+    if value == last[0] and type(value) is str:
+        return cast("uuid.UUID", last[1])
+    found = uuid.UUID(value)
+    _last_uuid = (value, found)
+    return found
+
+
 def _quick(conn: BaseDatabaseWrapper, col: Any, c: Any) -> Callable[[Any], Any] | None:
     """``c`` as a function of a non-NULL value, if it is one of Django's converters known to keep
     NULL (and to do exactly this with anything else); None otherwise."""
@@ -305,7 +320,7 @@ def _quick(conn: BaseDatabaseWrapper, col: Any, c: Any) -> Callable[[Any], Any] 
 
             return aware
         if func is SQLite.convert_uuidfield_value:
-            return uuid.UUID
+            return _uuid
         if func is SQLite.convert_booleanfield_value:
             return lambda value: bool(value) if value in (1, 0) else value
         return None

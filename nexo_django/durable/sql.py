@@ -192,7 +192,8 @@ def bulk_create[M: Model](objs: list[M], *, signals: bool = False, db: DB = None
             obj.save(force_insert=True, using=alias)
         return objs
     fields = _insert_fields(model)
-    rows = [[f.pre_save(obj, add=True) for f in fields] for obj in objs]
+    row_of = _row_of(model)
+    rows = [row_of(obj) for obj in objs]
     pks = insert(model, [f.attname for f in fields], rows, returning=auto_pk, db=db)
     for i, obj in enumerate(objs):
         if auto_pk:
@@ -748,6 +749,30 @@ def _insert_fields(model: type[Model]) -> list[Field[Any, Any]]:
 _inserted: dict[type[Model], list[Field[Any, Any]]] = {}
 
 
+def _row_of(model: type[Model]) -> Callable[[Model], list[Any]]:
+    """``[f.pre_save(obj, add=True) for f in _insert_fields(model)]`` as one function: a field whose
+    ``pre_save`` is ``Field``'s own (the attribute as it is) read from the instance's attributes,
+    any other (``auto_now``, a project's field) called as the ORM calls it."""
+    found = _rows.get(model)
+    if found is None:
+        plan = [(f.attname, None if type(f).pre_save is Field.pre_save else f) for f in _insert_fields(model)]
+
+        def row_of(obj: Model) -> list[Any]:
+            attributes = obj.__dict__
+            return [
+                (attributes[name] if name in attributes else getattr(obj, name)) if field is None
+                else field.pre_save(obj, True)
+                for name, field in plan
+            ]
+
+        found = _rows[model] = row_of
+    return found
+
+
+#: model -> :func:`_row_of`
+_rows: dict[type[Model], Callable[[Model], list[Any]]] = {}
+
+
 def _shape(step: tuple[Any, ...]) -> tuple[Any, ...]:
     kind = step[0]
     if kind == "update":
@@ -773,8 +798,9 @@ def _step_params(conn: BaseDatabaseWrapper, step: tuple[Any, ...]) -> list[Any]:
     if kind == "create":
         model = type(step[1][0])
         fields = _insert_fields(model)
-        prepared = tuple(zip(fields, savers.savers_of(("create-step", model), fields), strict=True))
-        return [save(f.pre_save(obj, add=True), conn) for obj in step[1] for f, save in prepared]
+        saves = savers.savers_of(("create-step", model), fields)
+        row_of = _row_of(model)
+        return [save(v, conn) for obj in step[1] for save, v in zip(saves, row_of(obj), strict=True)]
     if kind == "insert":
         model, names, rows = step[1:]
         shape = ("insert-step", model, names)
