@@ -305,6 +305,10 @@ def _refresh(obj: models.Model, using: str | None, fields: Any, from_queryset: A
         models.Model.refresh_from_db(obj, using, fields, from_queryset)
 
 
+#: the condition of ToolCall's partial indexes: a call waiting for a person
+PENDING = models.Q(status=CallStatus.PENDING_APPROVAL)
+
+
 class ToolCallQuerySet(models.QuerySet["ToolCall"]):
     """``ToolCall.objects``. :meth:`pending_of` gives a run's pending calls; while that queryset is
     unchanged (any ``filter``, ``order_by``, ``values`` ... makes a new queryset without this fast
@@ -390,17 +394,22 @@ class ToolCall(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "tool_call_id"], name="nexo_toolcall_run_callid")
         ]
+        # The partial indexes (condition=PENDING) serve the calls waiting for a person only (the
+        # inbox, its filters, the outbox's reminders, the reconciler's overdue calls) and hold
+        # those alone, so a call's later changes (approved, executing, succeeded) write none of
+        # their pages (issue 34). Queries must compare the status as a literal to use them on
+        # SQLite (`durable.sql.Fixed`; the ORM's bound value makes SQLite plan anew each time).
         indexes = [
-            models.Index(fields=["status", "created_at"], name="nexo_call_status_created"),
+            models.Index(fields=["created_at"], name="nexo_call_pending_created", condition=PENDING),
             models.Index(fields=["run", "status", "created_at"], name="nexo_call_run_status_created"),
-            models.Index(fields=["status", "agent"], name="nexo_call_status_agent"),
+            models.Index(fields=["agent"], name="nexo_call_pending_agent", condition=PENDING),
             # With the capability: the inbox's capability filter reads its choices from this
             # index, not from the table (66 -> 20 ms at 100k pending calls on SQLite).
-            models.Index(fields=["status", "name", "capability"], name="nexo_call_status_name_cap"),
+            models.Index(fields=["name", "capability"], name="nexo_call_pending_name_cap", condition=PENDING),
             # The reconciler's look at calls that changed lately (not at every suspended run).
             models.Index(fields=["updated_at"], name="nexo_call_updated"),
             # The reconciler's look at overdue calls.
-            models.Index(fields=["status", "expires_at"], name="nexo_call_status_expires"),
+            models.Index(fields=["expires_at"], name="nexo_call_pending_expires", condition=PENDING),
         ]
         permissions = [("decide_toolcall", "Can approve or deny pending tool calls")]
 

@@ -93,12 +93,23 @@ def test_0014_drops_the_covered_user_index_makes_parent_and_rule_partial_and_bac
     old.get_model("nexo_django", "AgentRun").objects.create(agent="app.agents.Scribe", prompt="p", parent=parent)
     for column in columns:  # one full index each again
         assert list(_column_indexes(*column).values()) == [False], column
+    assert _call_indexes() == {"nexo_call_status_created", "nexo_call_status_agent", "nexo_call_status_name_cap",
+                               "nexo_call_status_expires", "nexo_call_run_status_created", "nexo_call_updated"}
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
     executor.migrate(executor.loader.graph.leaf_nodes("nexo_django"))
     assert {column: _column_indexes(*column) for column in columns} == after
+    assert _call_indexes() == {"nexo_call_pending_created", "nexo_call_pending_agent", "nexo_call_pending_name_cap",
+                               "nexo_call_pending_expires", "nexo_call_run_status_created", "nexo_call_updated"}
     new = executor.loader.project_state(executor.loader.graph.leaf_nodes("nexo_django")).apps
     assert new.get_model("nexo_django", "AgentRun").objects.filter(parent_id=parent.pk).count() == 1
+
+
+def _call_indexes() -> set[str]:
+    """The names of ToolCall's plain indexes of more than the run's key (named by the models)."""
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, "nexo_django_toolcall")
+    return {name for name, info in found.items() if info["index"] and not info["unique"] and not info["primary_key"]}
 
 
 @pytest.mark.django_db

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import models
 
-from ..models import AgentRun, CallStatus, ToolCall
+from ..models import AgentRun, ToolCall
 from . import conversations, prefix, runs, sql
 
 
@@ -30,7 +30,7 @@ class DurableOperations:
         """The run's pending calls, oldest first, each with its run cached on it."""
         rows = sql.select(
             ToolCall, order_by=("created_at", "id"), limit=limit, alias=alias,
-            run=run.pk, status=CallStatus.PENDING_APPROVAL,
+            run=run.pk, status=sql.PENDING_APPROVAL,
         )  # fmt: skip
         relation: Any = ToolCall._meta.get_field("run")
         for row in rows:

@@ -25,6 +25,7 @@ The ORM stays for the admin and rare paths, and for :func:`create` whenever a ``
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
@@ -35,7 +36,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import AutoField, Field, Model
 from django.db.models.signals import post_save, pre_save
 
-from ..models import AgentRun, Decision, RunMessage, ToolCall
+from ..models import AgentRun, CallStatus, Decision, RunMessage, ToolCall
 from ..storable import (
     StoredJSONDecoder,
     loads,
@@ -114,14 +115,53 @@ def _column(conn: BaseDatabaseWrapper, model: type[Model], field: Field[Any, Any
     return f"{_table(conn, model)}.{conn.ops.quote_name(str(field.column))}"
 
 
-def _where(conn: BaseDatabaseWrapper, model: type[Model], names: Iterable[str]) -> tuple[str, tuple[Field[Any, Any], ...]]:
-    fields = tuple(_field(model, name) for name in names)
-    return " AND ".join(f"{_column(conn, model, f)} = %s" for f in fields), fields
+class Fixed(str):
+    """A value compared as a literal in the statement's SQL (``"status" = 'pending_approval'``), not
+    bound: how a statement uses a partial index whose condition is that comparison. SQLite plans a
+    statement before its values are bound, so with a bound value it must plan it again at every
+    execution to use such an index (issue 34: measured, that cost more than the index saved).
+    Only a word of lowercase letters and underscores, as the models' status values are: nothing
+    to quote, nothing from outside."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: str) -> Fixed:
+        if not _WORD.fullmatch(value):
+            raise ValueError(f"{value!r}: a fixed value is a word of lowercase letters and underscores")
+        return super().__new__(cls, value)
+
+
+_WORD = re.compile(r"[a-z_]{1,64}")
+
+#: a call waiting for a person: what the partial indexes of ToolCall hold (models.ToolCall.Meta)
+PENDING_APPROVAL = Fixed(CallStatus.PENDING_APPROVAL)
+
+
+def _fixed(where: dict[str, Any]) -> tuple[str, ...]:
+    """The fixed values of ``where``, in order: part of a statement's key (they are in its SQL)."""
+    return tuple(v for v in where.values() if type(v) is Fixed)
+
+
+def _where(
+    conn: BaseDatabaseWrapper, model: type[Model], names: Iterable[str] | dict[str, Any],
+) -> tuple[str, tuple[Field[Any, Any], ...]]:
+    """``names`` equal to bound values (``%s``), each :class:`Fixed` value of a ``where`` mapping
+    written as its literal; the fields of the bound ones."""
+    fixed = names if isinstance(names, dict) else {}
+    terms, fields = [], []
+    for name in names:
+        field = _field(model, name)
+        if type(fixed.get(name)) is Fixed:
+            terms.append(f"{_column(conn, model, field)} = '{fixed[name]}'")
+        else:
+            terms.append(f"{_column(conn, model, field)} = %s")
+            fields.append(field)
+    return " AND ".join(terms), tuple(fields)
 
 
 def _lookup_params(conn: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]], values: Iterable[Any]) -> list[Any]:
     params = []
-    for field, value in zip(fields, values, strict=True):
+    for field, value in zip(fields, (v for v in values if type(v) is not Fixed), strict=True):
         if value is None:
             raise ValueError(f"{field.name}: compare with a value; this module writes no IS NULL")
         params.append(field.get_db_prep_value(value, conn, prepared=False))
@@ -206,7 +246,7 @@ def bulk_create[M: Model](objs: list[M], *, signals: bool = False, db: DB = None
 def update(model: type[Model], where: dict[str, Any], values: dict[str, Any], *, db: DB = None) -> int:
     """``Model.objects.filter(**where).update(**values)`` (equality only): the row count."""
     alias, conn = db or _db(model, write=True)
-    key = (conn.vendor, "update", model, tuple(values), tuple(where))
+    key = (conn.vendor, "update", model, tuple(values), tuple(where), _fixed(where))
     built = _statements.get(key)
     if built is None:
         set_fields = tuple(_field(model, name) for name in values)
@@ -226,15 +266,21 @@ def requeue(run_id: Any, old: str, new: str, now: datetime, *, unless_pending: s
     ``unless_pending`` (a call status) only if no call of the run has that status. One statement:
     of two decisions racing on one run, the second sees the first's call decided."""
     alias, conn = _db(AgentRun, write=True)
-    key = (conn.vendor, "requeue", unless_pending is not None)
+    key = (conn.vendor, "requeue", _pending_key(unless_pending))
     built = _statements.get(key)
     if built is None:
-        built = _statements[key] = (_requeue_sql(conn, unless_pending=unless_pending is not None), ())
+        built = _statements[key] = (_requeue_sql(conn, unless_pending=unless_pending), ())
     return int(_execute(conn, built[0], _requeue_params(conn, run_id, old, new, now, unless_pending)))
 
 
-def _requeue_sql(conn: BaseDatabaseWrapper, *, unless_pending: bool, besides: bool = False) -> str:
-    """:func:`requeue`'s ``UPDATE``; with ``besides``, one call of the run is not counted pending."""
+def _pending_key(unless_pending: str | None) -> Any:
+    """What of ``unless_pending`` is in :func:`_requeue_sql`'s SQL: its literal if it is fixed."""
+    return None if unless_pending is None else unless_pending if type(unless_pending) is Fixed else True
+
+
+def _requeue_sql(conn: BaseDatabaseWrapper, *, unless_pending: str | None, besides: bool = False) -> str:
+    """:func:`requeue`'s ``UPDATE``; with ``besides``, one call of the run is not counted pending.
+    ``unless_pending`` is bound, or written as its literal if it is :class:`Fixed`."""
     q = conn.ops.quote_name
     run = {name: _field(AgentRun, name) for name in ("id", "status", "generation", "lease_owner", "updated_at")}
     sql = (
@@ -243,11 +289,12 @@ def _requeue_sql(conn: BaseDatabaseWrapper, *, unless_pending: bool, besides: bo
         f"{q(str(run['lease_owner'].column))} = NULL, {q(str(run['updated_at'].column))} = %s "
         f"WHERE {_column(conn, AgentRun, run['id'])} = %s AND {_column(conn, AgentRun, run['status'])} = %s"
     )
-    if unless_pending:
+    if unless_pending is not None:
+        pending = f"'{unless_pending}'" if type(unless_pending) is Fixed else "%s"
         sql += (
             f" AND NOT EXISTS (SELECT 1 FROM {_table(conn, ToolCall)} WHERE "
             f"{_column(conn, ToolCall, _field(ToolCall, 'run'))} = {_column(conn, AgentRun, run['id'])} "
-            f"AND {_column(conn, ToolCall, _field(ToolCall, 'status'))} = %s"
+            f"AND {_column(conn, ToolCall, _field(ToolCall, 'status'))} = {pending}"
             + (f" AND {_column(conn, ToolCall, _pk(ToolCall))} <> %s" if besides else "")
             + ")"
         )
@@ -259,7 +306,7 @@ def _requeue_params(
     besides: Any = None,
 ) -> list[Any]:
     params = [new, savers.saver(_field(AgentRun, "updated_at"))(now, conn), _pk(AgentRun).get_db_prep_value(run_id, conn), old]
-    if unless_pending is not None:
+    if unless_pending is not None and type(unless_pending) is not Fixed:
         params.append(unless_pending)
     if besides is not None:
         params.append(_pk(ToolCall).get_db_prep_value(besides, conn))
@@ -285,10 +332,10 @@ def _requeue_generation(
         if not requeue(run_id, old, new, now, unless_pending=unless_pending):
             return None
         return int(values(AgentRun, "generation", "id", id=run_id)[0])
-    key = (conn.vendor, "requeue_returning", unless_pending is not None)
+    key = (conn.vendor, "requeue_returning", _pending_key(unless_pending))
     built = _statements.get(key)
     if built is None:
-        sql = _requeue_sql(conn, unless_pending=unless_pending is not None)
+        sql = _requeue_sql(conn, unless_pending=unless_pending)
         sql += f" RETURNING {_column(conn, AgentRun, _field(AgentRun, 'generation'))}"
         built = _statements[key] = (sql, ())
     rows = _execute(conn, built[0], _requeue_params(conn, run_id, old, new, now, unless_pending), fetch=True)
@@ -342,7 +389,7 @@ def select[M: Model](
         alias, conn = _db(model, write=for_update)
     else:
         conn = connections[alias]
-    key = (conn.vendor, "select", model, tuple(where), tuple(order_by), limit is not None, for_update)
+    key = (conn.vendor, "select", model, tuple(where), _fixed(where), tuple(order_by), limit is not None, for_update)
     built = _statements.get(key)
     if built is None:
         condition, fields = _where(conn, model, where)
@@ -415,7 +462,7 @@ def _refreshed(model: type[Model]) -> tuple[tuple[str, ...] | None, tuple[str, .
 def values(model: type[Model], name: str, order_by: str, **where: Any) -> list[Any]:
     """``Model.objects.filter(**where).order_by(order_by).values_list(name, flat=True)``."""
     alias, conn = _db(model, write=False)
-    key = (conn.vendor, "values", model, name, order_by, tuple(where))
+    key = (conn.vendor, "values", model, name, order_by, tuple(where), _fixed(where))
     built = _statements.get(key)
     if built is None:
         condition, fields = _where(conn, model, where)
@@ -776,7 +823,9 @@ _rows: dict[type[Model], Callable[[Model], list[Any]]] = {}
 def _shape(step: tuple[Any, ...]) -> tuple[Any, ...]:
     kind = step[0]
     if kind == "update":
-        return (kind, step[1], tuple(step[2]), tuple(step[3]))
+        return (kind, step[1], tuple(step[2]), _fixed(step[2]), tuple(step[3]))
+    if kind == "requeue":
+        return (kind, _pending_key(step[5]))
     if kind == "create":
         return (kind, type(step[1][0]), len(step[1]))
     if kind == "insert":
@@ -788,10 +837,11 @@ def _step_params(conn: BaseDatabaseWrapper, step: tuple[Any, ...]) -> list[Any]:
     kind = step[0]
     if kind == "update":
         model, where, values = step[1:]
-        shape: tuple[Any, ...] = ("update-step", model, tuple(values), tuple(where))
+        shape: tuple[Any, ...] = ("update-step", model, tuple(values), tuple(where), _fixed(where))
         found = _step_fields.get(shape)
         if found is None:
-            found = _step_fields[shape] = tuple(_field(model, name) for name in (*values, *where))
+            bound = [name for name, v in where.items() if type(v) is not Fixed]
+            found = _step_fields[shape] = tuple(_field(model, name) for name in (*values, *bound))
         n = len(values)
         params = [save(v, conn) for save, v in zip(savers.savers_of(shape, found[:n]), values.values(), strict=True)]
         return params + _lookup_params(conn, found[n:], where.values())
@@ -879,7 +929,7 @@ def _combined_sql(
                     "WHERE EXISTS (SELECT 1 FROM s0)"
                 )
         elif kind == "requeue":
-            body = _requeue_sql(conn, unless_pending=True, besides=True) + guard
+            body = _requeue_sql(conn, unless_pending=step[5], besides=True) + guard
             returning = _column(conn, AgentRun, _field(AgentRun, "generation"))
             keys.append(f"(SELECT max({q(str(_field(AgentRun, 'generation').column))}) FROM s{i})")
         else:

@@ -3,6 +3,13 @@
 - ``AgentRun.created_by`` loses the index Django gave the foreign key: ``nexo_run_by_created``
   (created_by, created_at) starts with the same column and serves every lookup by user (the run
   lists, ``SET_NULL`` when a user is deleted).
+- ``ToolCall``'s four indexes that started with the status (the inbox and its filters, the
+  outbox's reminders, the reconciler's overdue calls: all of them about calls waiting for a person)
+  hold those calls only (``WHERE status = 'pending_approval'``): a call's three later changes
+  (approved, executing, succeeded) write none of their pages. SQLite uses such an index only when
+  the query's status is a literal, or after planning the statement again with its bound value,
+  which it then does at every execution: the hot path's statements write the status as a literal
+  (``durable.sql.Fixed``); the ORM's queries (admin, reconciler) are planned anew, ~10 us each.
 - ``AgentRun.parent`` and ``Decision.rule`` keep an index, but only of the rows that have one
   (``WHERE ... IS NOT NULL``): most runs have no parent and most decisions no rule, and each index
   is a page written by the commit that inserts a row. A lookup ``parent_id = x`` (or ``IN``)
@@ -98,4 +105,18 @@ class Migration(migrations.Migration):
             model_name="decision",
             index=models.Index(condition=models.Q(rule__isnull=False), fields=["rule"], name="nexo_decision_rule"),
         ),
+        # ToolCall's indexes that started with the status: of the calls waiting for a person only.
+        *[migrations.RemoveIndex(model_name="toolcall", name=name) for name in (
+            "nexo_call_status_created", "nexo_call_status_agent", "nexo_call_status_name_cap", "nexo_call_status_expires",
+        )],  # fmt: skip
+        *[
+            migrations.AddIndex(
+                model_name="toolcall",
+                index=models.Index(condition=models.Q(status="pending_approval"), fields=fields, name=name),
+            )
+            for fields, name in (
+                (["created_at"], "nexo_call_pending_created"), (["agent"], "nexo_call_pending_agent"),
+                (["name", "capability"], "nexo_call_pending_name_cap"), (["expires_at"], "nexo_call_pending_expires"),
+            )
+        ],
     ]
