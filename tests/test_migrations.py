@@ -120,3 +120,19 @@ def test_a_lookup_by_parent_or_rule_uses_its_partial_index_on_sqlite() -> None:
 
     assert "nexo_run_parent" in AgentRun.objects.filter(parent_id="0" * 32).explain()
     assert "nexo_decision_rule" in Decision.objects.filter(rule_id__in=[1, 2]).explain()
+
+
+@pytest.mark.django_db
+def test_the_inbox_and_the_reconciler_read_the_partial_indexes_of_pending_calls_on_sqlite() -> None:
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's plans; PostgreSQL's depend on its statistics")
+    from django.utils import timezone
+
+    from nexo_django.models import CallStatus, ToolCall
+
+    pending = ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL)
+    assert "nexo_call_pending_created" in pending.order_by("created_at", "id").explain()
+    assert "nexo_call_pending_agent" in pending.order_by("agent").values_list("agent").explain()
+    assert "nexo_call_pending_name_cap" in pending.filter(name="write").order_by("capability").values("capability").explain()
+    # durable.expiry's query of overdue calls
+    assert "nexo_call_pending_expires" in pending.filter(expires_at__lte=timezone.now()).order_by("expires_at", "id").explain()

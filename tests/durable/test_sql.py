@@ -649,15 +649,3 @@ def test_a_fixed_value_is_a_word_or_refused(value: str) -> None:
     with pytest.raises(ValueError, match="lowercase letters and underscores"):
         sql.Fixed(value)
 
-
-def test_the_inbox_and_the_reconciler_read_the_partial_indexes_of_pending_calls_on_sqlite() -> None:
-    if connection.vendor != "sqlite":
-        pytest.skip("SQLite's plans; PostgreSQL's depend on its statistics")
-    from django.utils import timezone
-
-    pending = ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL)
-    assert "nexo_call_pending_created" in pending.order_by("created_at", "id").explain()
-    assert "nexo_call_pending_agent" in pending.order_by("agent").values_list("agent").explain()
-    assert "nexo_call_pending_name_cap" in pending.filter(name="write").order_by("capability").values("capability").explain()
-    # durable.expiry's query of overdue calls
-    assert "nexo_call_pending_expires" in pending.filter(expires_at__lte=timezone.now()).order_by("expires_at", "id").explain()
