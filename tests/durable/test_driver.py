@@ -230,3 +230,36 @@ def test_a_refresh_stores_the_row_and_drops_every_cached_relation() -> None:
     sql.refresh(read)
     assert not ToolCall.run.is_cached(read) and not ToolCall.decision.related.is_cached(read)
     assert fields(read) == fields(ToolCall.objects.get(pk=call.pk))
+
+
+def test_a_statement_past_psycopgs_cache_writes_what_djangos_cursor_writes() -> None:
+    """On PostgreSQL a statement of more than 50 parameters (or 4096 characters) is merged with
+    its values here, as psycopg's client-side binding merges them, so psycopg does not split its
+    text again at each execution (issue 34): the same statement, the same rows."""
+    from tests.durable.test_sql import AWKWARD_JSON
+
+    run = a_run()
+    run.save(force_insert=True)
+    columns = ("run_id", "type", "data", "created_at")
+    datas = [AWKWARD_JSON, {"quote": "it's \\'; DROP TABLE x; --", "nul": "a\x00b"}, {"n": [1.5, -0.0, 2**63]}, {}]
+    rows = [(run.pk, f"t{i}'\"", datas[i % len(datas)], WHEN) for i in range(13)]  # 52 values
+    assert len(rows) * len(columns) > 50
+
+    sql.insert(RunEvent, columns, rows)  # straight to the driver
+    with connection.execute_wrapper(lambda execute, *args: execute(*args)):  # through Django's cursor
+        sql.insert(RunEvent, columns, rows)
+    stored = [(e.type, e.data, e.created_at) for e in RunEvent.objects.filter(run=run).order_by("id")]
+    assert stored[:13] == stored[13:] == [(r[1], r[2], WHEN) for r in rows]
+
+    if connection.vendor == "postgresql":  # and the text sent is the one psycopg would send
+        from psycopg import ClientCursor
+
+        from nexo_django.durable import driver, savers
+
+        text = "SELECT " + ", ".join(["%s"] * 60) + " WHERE 'a%%' <> ''"
+        values = [savers.saver(RunEvent._meta.get_field(c))(v, connection)
+                  for _ in range(15) for c, v in zip(columns, rows[1], strict=True)]
+        with connection.cursor() as cursor:
+            raw = cursor.cursor
+            assert isinstance(raw, ClientCursor)
+            assert driver.merged(raw, text, values).decode() == raw.mogrify(text, values)
