@@ -398,7 +398,7 @@ class ToolCall(models.Model):
         # inbox, its filters, the outbox's reminders, the reconciler's overdue calls) and hold
         # those alone, so a call's later changes (approved, executing, succeeded) write none of
         # their pages (issue 34). Queries must compare the status as a literal to use them on
-        # SQLite (`durable.sql.Fixed`; the ORM's bound value makes SQLite plan anew each time).
+        # SQLite (`durable.fixed`; the ORM's bound value makes SQLite plan anew each time).
         indexes = [
             models.Index(fields=["created_at"], name="nexo_call_pending_created", condition=PENDING),
             models.Index(fields=["run", "status", "created_at"], name="nexo_call_run_status_created"),

@@ -59,6 +59,7 @@ from ..models import (
 from ..signals import approval_decided, approval_requested, run_status_changed
 from ..storable import UnstorableValue
 from . import agent_classes, binding, dispatch, driver, outbox, parents, rule_history, rules, sql
+from .fixed import PENDING_APPROVAL
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
 if TYPE_CHECKING:
@@ -549,8 +550,8 @@ def decide(
     # One batch, one statement on PostgreSQL: the compare-and-set is its gate (still pending, and
     # if given the digest the person saw); then the decision, its event, and the wake-up if no
     # other call of the run is still pending.
-    # The status as a literal (sql.Fixed): the statement then uses ToolCall's partial indexes.
-    match = {"id": call.pk, "status": sql.PENDING_APPROVAL}
+    # The status as a literal (durable.fixed): the statement then uses ToolCall's partial indexes.
+    match = {"id": call.pk, "status": PENDING_APPROVAL}
     if digest is not None:
         match["digest"] = digest
     batch = sql.Batch()
@@ -582,7 +583,7 @@ def decide(
         batch.call(expire)
     else:
         batch.insert(RunEvent, EVENT_COLUMNS, [(run_id, kind, event, now)])
-    pending = sql.PENDING_APPROVAL
+    pending = PENDING_APPROVAL
     woken = batch.requeue(run_id, RunStatus.SUSPENDED, RunStatus.QUEUED, now, unless_pending=pending, besides=call.pk)
     notices = outbox.on_decided(batch, call, source, now)  # the channels hear of it: same commit
     if not batch.run():
@@ -639,7 +640,7 @@ def wake(run: AgentRun, old: str, *conditions: Any, unless_pending: bool = False
         # The common wake-ups (a decision, a retry, a recovery) as one prepared statement.
         if RunStatus.QUEUED not in TRANSITIONS[old]:
             raise TransitionError(f"a run cannot go from {old} to {RunStatus.QUEUED}")
-        pending = sql.PENDING_APPROVAL if unless_pending else None
+        pending = PENDING_APPROVAL if unless_pending else None
         if not sql.requeue(run.pk, old, RunStatus.QUEUED, timezone.now(), unless_pending=pending):
             return False
         _status_changed(run.pk, old, RunStatus.QUEUED)

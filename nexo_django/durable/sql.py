@@ -25,7 +25,6 @@ The ORM stays for the admin and rare paths, and for :func:`create` whenever a ``
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
@@ -36,12 +35,14 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import AutoField, Field, Model
 from django.db.models.signals import post_save, pre_save
 
-from ..models import AgentRun, CallStatus, Decision, RunMessage, ToolCall
+from ..models import AgentRun, Decision, RunMessage, ToolCall
 from ..storable import (
     StoredJSONDecoder,
     loads,
 )
 from . import driver, savers
+from .fixed import Fixed
+from .fixed import values as _fixed
 
 #: built statements: (vendor, what, model, ...) -> (sql, fields)
 _statements: dict[tuple[Any, ...], tuple[str, tuple[Field[Any, Any], ...]]] = {}
@@ -113,33 +114,6 @@ def _table(conn: BaseDatabaseWrapper, model: type[Model]) -> str:
 def _column(conn: BaseDatabaseWrapper, model: type[Model], field: Field[Any, Any]) -> str:
     """``"table"."column"``"""
     return f"{_table(conn, model)}.{conn.ops.quote_name(str(field.column))}"
-
-
-class Fixed(str):
-    """A value compared as a literal in the statement's SQL (``"status" = 'pending_approval'``), not
-    bound: how a statement uses a partial index whose condition is that comparison. SQLite plans a
-    statement before its values are bound, so with a bound value it must plan it again at every
-    execution to use such an index (issue 34: measured, that cost more than the index saved).
-    Only a word of lowercase letters and underscores, as the models' status values are: nothing
-    to quote, nothing from outside."""
-
-    __slots__ = ()
-
-    def __new__(cls, value: str) -> Fixed:
-        if not _WORD.fullmatch(value):
-            raise ValueError(f"{value!r}: a fixed value is a word of lowercase letters and underscores")
-        return super().__new__(cls, value)
-
-
-_WORD = re.compile(r"[a-z_]{1,64}")
-
-#: a call waiting for a person: what the partial indexes of ToolCall hold (models.ToolCall.Meta)
-PENDING_APPROVAL = Fixed(CallStatus.PENDING_APPROVAL)
-
-
-def _fixed(where: dict[str, Any]) -> tuple[str, ...]:
-    """The fixed values of ``where``, in order: part of a statement's key (they are in its SQL)."""
-    return tuple(v for v in where.values() if type(v) is Fixed)
 
 
 def _where(

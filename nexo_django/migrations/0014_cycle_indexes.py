@@ -9,7 +9,7 @@
   (approved, executing, succeeded) write none of their pages. SQLite uses such an index only when
   the query's status is a literal, or after planning the statement again with its bound value,
   which it then does at every execution: the hot path's statements write the status as a literal
-  (``durable.sql.Fixed``); the ORM's queries (admin, reconciler) are planned anew, ~10 us each.
+  (``durable.fixed``); the ORM's queries (admin, reconciler) are planned anew, ~10 us each.
 - ``AgentRun.parent`` and ``Decision.rule`` keep an index, but only of the rows that have one
   (``WHERE ... IS NOT NULL``): most runs have no parent and most decisions no rule, and each index
   is a page written by the commit that inserts a row. A lookup ``parent_id = x`` (or ``IN``)

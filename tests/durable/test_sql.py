@@ -14,6 +14,7 @@ from django.db.models.signals import post_save
 from django.test.utils import CaptureQueriesContext
 
 from nexo_django.durable import savers, sql
+from nexo_django.durable.fixed import PENDING_APPROVAL, Fixed
 from nexo_django.models import (
     AgentRun,
     CallStatus,
@@ -225,8 +226,8 @@ def test_create_leaves_a_listened_model_to_the_orm_so_receivers_run() -> None:
     assert len(seen) == 1
 
 
-#: the pending status bound as a value, and written into the statement as a literal (sql.Fixed)
-BOUND_OR_FIXED = pytest.mark.parametrize("pending", [CallStatus.PENDING_APPROVAL, sql.PENDING_APPROVAL],
+#: the pending status bound as a value, and written into the statement as a literal (durable.fixed)
+BOUND_OR_FIXED = pytest.mark.parametrize("pending", [CallStatus.PENDING_APPROVAL, PENDING_APPROVAL],
                                          ids=["bound", "fixed"])
 
 
@@ -634,18 +635,18 @@ def test_a_fixed_value_is_a_literal_of_the_statement_and_compares_as_a_bound_one
         return execute(text, params, many, context)
 
     with connection.execute_wrapper(watch):
-        fixed = sql.select(ToolCall, order_by=("id",), run=run.pk, status=sql.PENDING_APPROVAL)
+        fixed = sql.select(ToolCall, order_by=("id",), run=run.pk, status=PENDING_APPROVAL)
     [(text, params)] = sent
     assert "= 'pending_approval'" in text and len(params) == 1  # the run's id alone is bound
     bound = sql.select(ToolCall, order_by=("id",), run=run.pk, status=CallStatus.PENDING_APPROVAL)
     assert [c.pk for c in fixed] == [c.pk for c in bound] == [calls[0].pk, calls[2].pk]
-    assert sql.update(ToolCall, {"id": calls[1].pk, "status": sql.PENDING_APPROVAL}, {"status": CallStatus.DENIED}) == 0
-    assert sql.update(ToolCall, {"id": calls[2].pk, "status": sql.PENDING_APPROVAL}, {"status": CallStatus.DENIED}) == 1
+    assert sql.update(ToolCall, {"id": calls[1].pk, "status": PENDING_APPROVAL}, {"status": CallStatus.DENIED}) == 0
+    assert sql.update(ToolCall, {"id": calls[2].pk, "status": PENDING_APPROVAL}, {"status": CallStatus.DENIED}) == 1
     assert list(ToolCall.objects.order_by("id").values_list("status", flat=True)) == ["pending_approval", "approved", "denied"]
 
 
 @pytest.mark.parametrize("value", ["pending'; DROP TABLE x; --", "Pending", "", "a" * 65, "pending approval"])
 def test_a_fixed_value_is_a_word_or_refused(value: str) -> None:
     with pytest.raises(ValueError, match="lowercase letters and underscores"):
-        sql.Fixed(value)
+        Fixed(value)
 
