@@ -115,8 +115,10 @@ class AgentRun(models.Model):
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
     result = StoredTextField(null=True, blank=True)  # noqa: DJ001 - None: no final answer yet
     error = StoredTextField(blank=True, default="")
+    # No index of its own: (created_by, created_at) below serves every lookup by user.
     created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="agent_runs"
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="agent_runs",
+        db_index=False,
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -144,7 +146,7 @@ class AgentRun(models.Model):
     #: The workflow run this agent run is a step of (``Workflow.run_agent``): its end wakes it.
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children",
-        help_text="The workflow run this agent run is a step of.",
+        help_text="The workflow run this agent run is a step of.", db_index=False,
     )
 
     class Meta:
@@ -156,6 +158,10 @@ class AgentRun(models.Model):
             # The run lists (newest first): everyone's, and each user's own (/runs/, the admin).
             models.Index(fields=["created_at"], name="nexo_run_created"),
             models.Index(fields=["created_by", "created_at"], name="nexo_run_by_created"),
+            # Most runs have no parent: only those that do are indexed (each index is a page
+            # written by the commit that inserts a run). `parent_id = x` implies NOT NULL, so both
+            # databases use it for a lookup, without a bound value to compare (issue 34).
+            models.Index(fields=["parent"], condition=models.Q(parent__isnull=False), name="nexo_run_parent"),
         ]
 
     def __str__(self) -> str:
@@ -299,6 +305,10 @@ def _refresh(obj: models.Model, using: str | None, fields: Any, from_queryset: A
         models.Model.refresh_from_db(obj, using, fields, from_queryset)
 
 
+#: the condition of ToolCall's partial indexes: a call waiting for a person
+PENDING = models.Q(status=CallStatus.PENDING_APPROVAL)
+
+
 class ToolCallQuerySet(models.QuerySet["ToolCall"]):
     """``ToolCall.objects``. :meth:`pending_of` gives a run's pending calls; while that queryset is
     unchanged (any ``filter``, ``order_by``, ``values`` ... makes a new queryset without this fast
@@ -384,17 +394,22 @@ class ToolCall(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "tool_call_id"], name="nexo_toolcall_run_callid")
         ]
+        # The partial indexes (condition=PENDING) serve the calls waiting for a person only (the
+        # inbox, its filters, the outbox's reminders, the reconciler's overdue calls) and hold
+        # those alone, so a call's later changes (approved, executing, succeeded) write none of
+        # their pages (issue 34). Queries must compare the status as a literal to use them on
+        # SQLite (`durable.fixed`; the ORM's bound value makes SQLite plan anew each time).
         indexes = [
-            models.Index(fields=["status", "created_at"], name="nexo_call_status_created"),
+            models.Index(fields=["created_at"], name="nexo_call_pending_created", condition=PENDING),
             models.Index(fields=["run", "status", "created_at"], name="nexo_call_run_status_created"),
-            models.Index(fields=["status", "agent"], name="nexo_call_status_agent"),
+            models.Index(fields=["agent"], name="nexo_call_pending_agent", condition=PENDING),
             # With the capability: the inbox's capability filter reads its choices from this
             # index, not from the table (66 -> 20 ms at 100k pending calls on SQLite).
-            models.Index(fields=["status", "name", "capability"], name="nexo_call_status_name_cap"),
+            models.Index(fields=["name", "capability"], name="nexo_call_pending_name_cap", condition=PENDING),
             # The reconciler's look at calls that changed lately (not at every suspended run).
             models.Index(fields=["updated_at"], name="nexo_call_updated"),
             # The reconciler's look at overdue calls.
-            models.Index(fields=["status", "expires_at"], name="nexo_call_status_expires"),
+            models.Index(fields=["expires_at"], name="nexo_call_pending_expires", condition=PENDING),
         ]
         permissions = [("decide_toolcall", "Can approve or deny pending tool calls")]
 
@@ -488,7 +503,8 @@ class Decision(models.Model):
     decided_at = models.DateTimeField(auto_now_add=True)
     source = models.CharField(max_length=20, default="api")
     #: The standing rule that made it (source "rule"); a rule that decided something is kept.
-    rule = models.ForeignKey(ApprovalRule, null=True, blank=True, on_delete=models.PROTECT, related_name="decisions")
+    rule = models.ForeignKey(ApprovalRule, null=True, blank=True, on_delete=models.PROTECT, related_name="decisions",
+                             db_index=False)
     #: The version of the call's file the approver was shown ("": there was no file), bound to
     #: the approval: the write runs only while the file is still that version.
     file_version = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001 - None: none shown
@@ -501,6 +517,8 @@ class Decision(models.Model):
 
     class Meta:
         ordering = ["decided_at", "id"]
+        # Only the decisions a rule made are indexed by it (most have none): see AgentRun.parent.
+        indexes = [models.Index(fields=["rule"], condition=models.Q(rule__isnull=False), name="nexo_decision_rule")]
 
     def __str__(self) -> str:
         return f"{self.verdict} by {self.decided_by or 'system'}"

@@ -56,3 +56,83 @@ def test_0006_drops_only_the_run_indexes_a_composite_index_covers_and_back() -> 
     assert {table: _run_indexes(table) for table in tables} == after
     new = executor.loader.project_state(executor.loader.graph.leaf_nodes("nexo_django")).apps
     assert new.get_model("nexo_django", "RunEvent").objects.get().run_id == run.pk
+
+
+def _column_indexes(table: str, column: str) -> dict[str, bool]:
+    """The plain indexes on ``table`` whose only column is ``column``: name -> whether partial."""
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, table)
+        if connection.vendor == "sqlite":
+            cursor.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = %s", [table])
+            partial = {name: " WHERE " in (sql or "") for name, sql in cursor.fetchall()}
+        else:
+            cursor.execute("SELECT indexrelid::regclass::text, indpred IS NOT NULL FROM pg_index "
+                           "WHERE indrelid = %s::regclass", [table])
+            partial = {name.strip('"'): bool(pred) for name, pred in cursor.fetchall()}
+    return {
+        name: partial[name] for name, info in found.items()
+        if info["index"] and not info["unique"] and not info["primary_key"] and info["columns"] == [column]
+    }  # fmt: skip
+
+
+@pytest.mark.durable
+@pytest.mark.django_db(transaction=True)
+def test_0014_drops_the_covered_user_index_makes_parent_and_rule_partial_and_back() -> None:
+    columns = [("nexo_django_agentrun", "created_by_id"), ("nexo_django_agentrun", "parent_id"),
+               ("nexo_django_decision", "rule_id")]
+    after = {column: _column_indexes(*column) for column in columns}
+    assert after == {
+        ("nexo_django_agentrun", "created_by_id"): {},  # (created_by, created_at) serves it
+        ("nexo_django_agentrun", "parent_id"): {"nexo_run_parent": True},
+        ("nexo_django_decision", "rule_id"): {"nexo_decision_rule": True},
+    }
+    executor = MigrationExecutor(connection)
+    executor.migrate([("nexo_django", "0013_channels")])
+    old = executor.loader.project_state([("nexo_django", "0013_channels")]).apps
+    parent = old.get_model("nexo_django", "AgentRun").objects.create(agent="app.agents.Flow", prompt="p")
+    old.get_model("nexo_django", "AgentRun").objects.create(agent="app.agents.Scribe", prompt="p", parent=parent)
+    for column in columns:  # one full index each again
+        assert list(_column_indexes(*column).values()) == [False], column
+    assert _call_indexes() == {"nexo_call_status_created", "nexo_call_status_agent", "nexo_call_status_name_cap",
+                               "nexo_call_status_expires", "nexo_call_run_status_created", "nexo_call_updated"}
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes("nexo_django"))
+    assert {column: _column_indexes(*column) for column in columns} == after
+    assert _call_indexes() == {"nexo_call_pending_created", "nexo_call_pending_agent", "nexo_call_pending_name_cap",
+                               "nexo_call_pending_expires", "nexo_call_run_status_created", "nexo_call_updated"}
+    new = executor.loader.project_state(executor.loader.graph.leaf_nodes("nexo_django")).apps
+    assert new.get_model("nexo_django", "AgentRun").objects.filter(parent_id=parent.pk).count() == 1
+
+
+def _call_indexes() -> set[str]:
+    """The names of ToolCall's plain indexes of more than the run's key (named by the models)."""
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, "nexo_django_toolcall")
+    return {name for name, info in found.items() if info["index"] and not info["unique"] and not info["primary_key"]}
+
+
+@pytest.mark.django_db
+def test_a_lookup_by_parent_or_rule_uses_its_partial_index_on_sqlite() -> None:
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's plan; PostgreSQL's depends on its statistics")
+    from nexo_django.models import AgentRun, Decision
+
+    assert "nexo_run_parent" in AgentRun.objects.filter(parent_id="0" * 32).explain()
+    assert "nexo_decision_rule" in Decision.objects.filter(rule_id__in=[1, 2]).explain()
+
+
+@pytest.mark.django_db
+def test_the_inbox_and_the_reconciler_read_the_partial_indexes_of_pending_calls_on_sqlite() -> None:
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's plans; PostgreSQL's depend on its statistics")
+    from django.utils import timezone
+
+    from nexo_django.models import CallStatus, ToolCall
+
+    pending = ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL)
+    assert "nexo_call_pending_created" in pending.order_by("created_at", "id").explain()
+    assert "nexo_call_pending_agent" in pending.order_by("agent").values_list("agent").explain()
+    assert "nexo_call_pending_name_cap" in pending.filter(name="write").order_by("capability").values("capability").explain()
+    # durable.expiry's query of overdue calls
+    assert "nexo_call_pending_expires" in pending.filter(expires_at__lte=timezone.now()).order_by("expires_at", "id").explain()

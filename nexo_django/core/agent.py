@@ -361,9 +361,13 @@ class Agent:
         return None
 
     def _pick_model(self, given: Any, setting: Any) -> Any:
-        for candidate in (given, type(self).model, setting, os.environ.get("NEXO_MODEL") or None):
+        for candidate in (given, type(self).model, setting):
             if candidate is not None:
                 return candidate
+        # Read last, and only when nothing else names a model (each read of os.environ encodes the key).
+        from_env = os.environ.get("NEXO_MODEL") or None
+        if from_env is not None:
+            return from_env
         raise ConfigurationError(
             f"{type(self).__name__} has no model: set `model = \"openai:gpt-4.1-mini\"` on the class, "
             'NEXO["MODEL"] in settings, or the NEXO_MODEL environment variable'

@@ -29,6 +29,7 @@ from django.db.models.base import DEFERRED, ModelState
 from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
 from django.db.models.query_utils import DeferredAttribute
 from django.db.models.signals import post_init, pre_init
+from django.dispatch import Signal
 
 from ..storable import StoredJSONDecoder, StoredJSONField, StoredTextField, loads
 
@@ -170,6 +171,13 @@ def _psycopg3() -> bool:
 _raw: Callable[[Any], Any] | None = _raw_cursor if _psycopg3() else None
 
 
+def listened(signal: Signal, sender: Any) -> bool:
+    """``signal.has_listeners(sender)``, answered at once when the signal has no receiver at all
+    (``pre_init``, ``post_init`` and nexo's own signals in most projects): ``has_listeners`` looks
+    the sender up in a weak dictionary first, a Python call per check, ~30 checks per cycle."""
+    return bool(signal.receivers) and signal.has_listeners(sender)
+
+
 #: model -> the attribute names of its concrete fields, if its instances can be built without
 #: ``Model.__init__`` (see :func:`from_db`, :func:`new`), else None
 _plain: dict[type[Model], tuple[str, ...] | None] = {}
@@ -184,7 +192,7 @@ def from_db[M: Model](model: type[M], alias: str, values: list[Any]) -> M:
     names = _plain.get(model, ())
     if names == ():
         names = _plain[model] = plain_names(model)
-    if names is None or pre_init.has_listeners(model) or post_init.has_listeners(model):
+    if names is None or listened(pre_init, model) or listened(post_init, model):
         return cast("M", model.from_db(alias, None, values))  # type: ignore[arg-type]
     obj = model.__new__(model)
     state = ModelState()
@@ -216,7 +224,7 @@ def new[M: Model](model: type[M], **kwargs: Any) -> M:
         fields = _fields_of[model] = [
             (f, f.attname, f.name if f.is_relation else None) for f in opts.concrete_fields if not getattr(f, "generated", False)
         ] if len(opts.fields) == len(opts.concrete_fields) else []
-    if names is None or not fields or pre_init.has_listeners(model) or post_init.has_listeners(model):
+    if names is None or not fields or listened(pre_init, model) or listened(post_init, model):
         return model(**kwargs)
     obj = model.__new__(model)
     attributes = obj.__dict__
@@ -353,6 +361,21 @@ def converter(conn: BaseDatabaseWrapper, col: Any, converters: Sequence[Any]) ->
     return convert_all
 
 
+#: the last UUID text read and its UUID (a cycle reads one run's id in several rows)
+_last_uuid: tuple[Any, Any] = (None, None)
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    """``uuid.UUID(value)``, the last one kept: a UUID is immutable, so rows may share it."""
+    global _last_uuid
+    last = _last_uuid
+    if value == last[0] and type(value) is str:
+        return cast("uuid.UUID", last[1])
+    found = uuid.UUID(value)
+    _last_uuid = (value, found)
+    return found
+
+
 def _quick(conn: BaseDatabaseWrapper, col: Any, c: Any) -> Callable[[Any], Any] | None:
     """``c`` as a function of a non-NULL value, if it is one of Django's converters known to keep
     NULL (and to do exactly this with anything else); None otherwise."""
@@ -373,7 +396,7 @@ def _quick(conn: BaseDatabaseWrapper, col: Any, c: Any) -> Callable[[Any], Any] 
 
             return aware
         if func is SQLite.convert_uuidfield_value:
-            return uuid.UUID
+            return _uuid
         if func is SQLite.convert_booleanfield_value:
             return lambda value: bool(value) if value in (1, 0) else value
         return None

@@ -221,8 +221,49 @@ def crash_point(name: str) -> None:
 _measure = json.JSONEncoder(default=str, ensure_ascii=False).encode
 
 
+#: the longest JSON text of an int of fewer than 18 digits, of any float, of true/false/null
+_INT_MAX, _FLOAT_CHARS, _CONSTANT_CHARS = 10**17, 32, 5
+
+
+def _bound(value: Any, budget: int, depth: int = 0) -> int:
+    """An upper bound of the length of ``value``'s JSON text (as :data:`_measure` writes it), or
+    a number past ``budget`` when it may be longer or is not plain JSON (then it is measured). A
+    string's character may take up to 6 (``\\u001f``); the separators are ``", "`` and ``": "``."""
+    kind = type(value)
+    if kind is str:
+        return 6 * len(value) + 2
+    if kind is bool or value is None:
+        return _CONSTANT_CHARS
+    if kind is int:
+        return 18 if -_INT_MAX < value < _INT_MAX else budget + 1
+    if kind is float:
+        return _FLOAT_CHARS
+    if depth >= 3:
+        return budget + 1
+    total = 2
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return budget + 1
+            total += 6 * len(key) + 6 + _bound(item, budget, depth + 1)
+            if total > budget:
+                return total
+        return total
+    if kind is list:
+        for item in value:
+            total += 2 + _bound(item, budget, depth + 1)
+            if total > budget:
+                return total
+        return total
+    return budget + 1
+
+
 def capped(value: Any, limit: int) -> Any:
     if not value and type(value) in (dict, list) and limit >= 2:  # {} or []: nothing to measure
+        return value
+    # Most events are a few short fields: their text is known to fit without being written (it
+    # is written once, by the column's encoder). Anything else is measured.
+    if _bound(value, limit) <= limit:
         return value
     try:
         text = _measure(value)

@@ -8,8 +8,9 @@ from typing import Any
 
 from django.db import models
 
-from ..models import AgentRun, CallStatus, ToolCall
+from ..models import AgentRun, ToolCall
 from . import conversations, prefix, runs, sql
+from .fixed import PENDING_APPROVAL
 
 
 class DurableOperations:
@@ -30,7 +31,7 @@ class DurableOperations:
         """The run's pending calls, oldest first, each with its run cached on it."""
         rows = sql.select(
             ToolCall, order_by=("created_at", "id"), limit=limit, alias=alias,
-            run=run.pk, status=CallStatus.PENDING_APPROVAL,
+            run=run.pk, status=PENDING_APPROVAL,
         )  # fmt: skip
         relation: Any = ToolCall._meta.get_field("run")
         for row in rows:

@@ -138,8 +138,10 @@ def channel(name: str) -> Any:
     return found
 
 
-def listening(kind: str) -> list[str]:
-    return [name for name, options in configured().items() if kind in (options.get("EVENTS") or ())]
+def listening(kind: str, channels: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """The channels (of ``channels``, by default :func:`configured`) that listen to ``kind``."""
+    channels = configured() if channels is None else channels
+    return [name for name, options in channels.items() if kind in (options.get("EVENTS") or ())]
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -158,7 +160,7 @@ def rows(kind: str, run_id: Any, call_ids: Sequence[str], now: datetime, payload
     run when ``call_ids`` is empty)."""
     found: list[tuple[Any, ...]] = []
     channels = configured()
-    for name in listening(kind):
+    for name in listening(kind, channels):
         if channels[name].get("GROUPED") and len(call_ids) > 1:
             # One notice for every call of the turn (an email listing them), keyed by the first.
             key = notice_key(name, kind, run_id, call_ids[0])

@@ -59,6 +59,7 @@ from ..models import (
 from ..signals import approval_decided, approval_requested, run_status_changed
 from ..storable import UnstorableValue
 from . import agent_classes, binding, dispatch, driver, outbox, parents, rule_history, rules, sql
+from .fixed import PENDING_APPROVAL
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def transition(run: AgentRun | Any, old: str, new: str, *conditions: Any, **fiel
 
 
 def _status_changed(run_id: Any, old: str, new: str) -> None:
-    if not run_status_changed.has_listeners(AgentRun):
+    if not driver.listened(run_status_changed, AgentRun):
         return
 
     def send() -> None:
@@ -549,7 +550,8 @@ def decide(
     # One batch, one statement on PostgreSQL: the compare-and-set is its gate (still pending, and
     # if given the digest the person saw); then the decision, its event, and the wake-up if no
     # other call of the run is still pending.
-    match = {"id": call.pk, "status": CallStatus.PENDING_APPROVAL}
+    # The status as a literal (durable.fixed): the statement then uses ToolCall's partial indexes.
+    match = {"id": call.pk, "status": PENDING_APPROVAL}
     if digest is not None:
         match["digest"] = digest
     batch = sql.Batch()
@@ -581,7 +583,7 @@ def decide(
         batch.call(expire)
     else:
         batch.insert(RunEvent, EVENT_COLUMNS, [(run_id, kind, event, now)])
-    pending = CallStatus.PENDING_APPROVAL
+    pending = PENDING_APPROVAL
     woken = batch.requeue(run_id, RunStatus.SUSPENDED, RunStatus.QUEUED, now, unless_pending=pending, besides=call.pk)
     notices = outbox.on_decided(batch, call, source, now)  # the channels hear of it: same commit
     if not batch.run():
@@ -638,7 +640,7 @@ def wake(run: AgentRun, old: str, *conditions: Any, unless_pending: bool = False
         # The common wake-ups (a decision, a retry, a recovery) as one prepared statement.
         if RunStatus.QUEUED not in TRANSITIONS[old]:
             raise TransitionError(f"a run cannot go from {old} to {RunStatus.QUEUED}")
-        pending = CallStatus.PENDING_APPROVAL if unless_pending else None
+        pending = PENDING_APPROVAL if unless_pending else None
         if not sql.requeue(run.pk, old, RunStatus.QUEUED, timezone.now(), unless_pending=pending):
             return False
         _status_changed(run.pk, old, RunStatus.QUEUED)

@@ -101,13 +101,24 @@ def _make_saver(field: Field[Any, Any]) -> Saver:
     if type(target) is models.UUIDField:
 
         def uuid_saver(v: Any, conn: BaseDatabaseWrapper) -> Any:
+            global _last_uuid
             if type(v) is uuid.UUID:
-                return v if conn.features.has_native_uuid_field else v.hex
+                if conn.features.has_native_uuid_field:
+                    return v
+                # A batch writes one run's id in many rows: its text made once (UUIDs are immutable).
+                last = _last_uuid
+                if last[0] is v:
+                    return last[1]
+                _last_uuid = (v, v.hex)
+                return _last_uuid[1]
             return None if v is None else slow(v, conn)
 
         return uuid_saver
     return slow
 
+
+#: the last UUID whose text a saver made: (value, text)
+_last_uuid: tuple[Any, str] = (None, "")
 
 #: the last aware datetime the SQLite saver converted: (value, connection, text)
 _last_datetime: tuple[Any, Any, str] = (None, None, "")

@@ -41,6 +41,8 @@ from ..storable import (
     loads,
 )
 from . import driver, savers
+from .fixed import Fixed
+from .fixed import values as _fixed
 
 #: built statements: (vendor, what, model, ...) -> (sql, fields)
 _statements: dict[tuple[Any, ...], tuple[str, tuple[Field[Any, Any], ...]]] = {}
@@ -114,14 +116,26 @@ def _column(conn: BaseDatabaseWrapper, model: type[Model], field: Field[Any, Any
     return f"{_table(conn, model)}.{conn.ops.quote_name(str(field.column))}"
 
 
-def _where(conn: BaseDatabaseWrapper, model: type[Model], names: Iterable[str]) -> tuple[str, tuple[Field[Any, Any], ...]]:
-    fields = tuple(_field(model, name) for name in names)
-    return " AND ".join(f"{_column(conn, model, f)} = %s" for f in fields), fields
+def _where(
+    conn: BaseDatabaseWrapper, model: type[Model], names: Iterable[str] | dict[str, Any],
+) -> tuple[str, tuple[Field[Any, Any], ...]]:
+    """``names`` equal to bound values (``%s``), each :class:`Fixed` value of a ``where`` mapping
+    written as its literal; the fields of the bound ones."""
+    fixed = names if isinstance(names, dict) else {}
+    terms, fields = [], []
+    for name in names:
+        field = _field(model, name)
+        if type(fixed.get(name)) is Fixed:
+            terms.append(f"{_column(conn, model, field)} = '{fixed[name]}'")
+        else:
+            terms.append(f"{_column(conn, model, field)} = %s")
+            fields.append(field)
+    return " AND ".join(terms), tuple(fields)
 
 
 def _lookup_params(conn: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]], values: Iterable[Any]) -> list[Any]:
     params = []
-    for field, value in zip(fields, values, strict=True):
+    for field, value in zip(fields, (v for v in values if type(v) is not Fixed), strict=True):
         if value is None:
             raise ValueError(f"{field.name}: compare with a value; this module writes no IS NULL")
         params.append(field.get_db_prep_value(value, conn, prepared=False))
@@ -183,7 +197,7 @@ def bulk_create[M: Model](objs: list[M], *, signals: bool = False, db: DB = None
     alias, conn = db or _db(model, write=True)
     pk = _pk(model)
     auto_pk = isinstance(pk, AutoField)
-    listened = signals and (pre_save.has_listeners(model) or post_save.has_listeners(model))
+    listened = signals and (driver.listened(pre_save, model) or driver.listened(post_save, model))
     if listened or (auto_pk and not conn.features.can_return_rows_from_bulk_insert):
         # Receivers to run, or a backend that cannot return the keys (MySQL): the ORM's way.
         if not signals:
@@ -192,7 +206,8 @@ def bulk_create[M: Model](objs: list[M], *, signals: bool = False, db: DB = None
             obj.save(force_insert=True, using=alias)
         return objs
     fields = _insert_fields(model)
-    rows = [[f.pre_save(obj, add=True) for f in fields] for obj in objs]
+    row_of = _row_of(model)
+    rows = [row_of(obj) for obj in objs]
     pks = insert(model, [f.attname for f in fields], rows, returning=auto_pk, db=db)
     for i, obj in enumerate(objs):
         if auto_pk:
@@ -205,7 +220,7 @@ def bulk_create[M: Model](objs: list[M], *, signals: bool = False, db: DB = None
 def update(model: type[Model], where: dict[str, Any], values: dict[str, Any], *, db: DB = None) -> int:
     """``Model.objects.filter(**where).update(**values)`` (equality only): the row count."""
     alias, conn = db or _db(model, write=True)
-    key = (conn.vendor, "update", model, tuple(values), tuple(where))
+    key = (conn.vendor, "update", model, tuple(values), tuple(where), _fixed(where))
     built = _statements.get(key)
     if built is None:
         set_fields = tuple(_field(model, name) for name in values)
@@ -225,15 +240,21 @@ def requeue(run_id: Any, old: str, new: str, now: datetime, *, unless_pending: s
     ``unless_pending`` (a call status) only if no call of the run has that status. One statement:
     of two decisions racing on one run, the second sees the first's call decided."""
     alias, conn = _db(AgentRun, write=True)
-    key = (conn.vendor, "requeue", unless_pending is not None)
+    key = (conn.vendor, "requeue", _pending_key(unless_pending))
     built = _statements.get(key)
     if built is None:
-        built = _statements[key] = (_requeue_sql(conn, unless_pending=unless_pending is not None), ())
+        built = _statements[key] = (_requeue_sql(conn, unless_pending=unless_pending), ())
     return int(_execute(conn, built[0], _requeue_params(conn, run_id, old, new, now, unless_pending)))
 
 
-def _requeue_sql(conn: BaseDatabaseWrapper, *, unless_pending: bool, besides: bool = False) -> str:
-    """:func:`requeue`'s ``UPDATE``; with ``besides``, one call of the run is not counted pending."""
+def _pending_key(unless_pending: str | None) -> Any:
+    """What of ``unless_pending`` is in :func:`_requeue_sql`'s SQL: its literal if it is fixed."""
+    return None if unless_pending is None else unless_pending if type(unless_pending) is Fixed else True
+
+
+def _requeue_sql(conn: BaseDatabaseWrapper, *, unless_pending: str | None, besides: bool = False) -> str:
+    """:func:`requeue`'s ``UPDATE``; with ``besides``, one call of the run is not counted pending.
+    ``unless_pending`` is bound, or written as its literal if it is :class:`Fixed`."""
     q = conn.ops.quote_name
     run = {name: _field(AgentRun, name) for name in ("id", "status", "generation", "lease_owner", "updated_at")}
     sql = (
@@ -242,11 +263,12 @@ def _requeue_sql(conn: BaseDatabaseWrapper, *, unless_pending: bool, besides: bo
         f"{q(str(run['lease_owner'].column))} = NULL, {q(str(run['updated_at'].column))} = %s "
         f"WHERE {_column(conn, AgentRun, run['id'])} = %s AND {_column(conn, AgentRun, run['status'])} = %s"
     )
-    if unless_pending:
+    if unless_pending is not None:
+        pending = f"'{unless_pending}'" if type(unless_pending) is Fixed else "%s"
         sql += (
             f" AND NOT EXISTS (SELECT 1 FROM {_table(conn, ToolCall)} WHERE "
             f"{_column(conn, ToolCall, _field(ToolCall, 'run'))} = {_column(conn, AgentRun, run['id'])} "
-            f"AND {_column(conn, ToolCall, _field(ToolCall, 'status'))} = %s"
+            f"AND {_column(conn, ToolCall, _field(ToolCall, 'status'))} = {pending}"
             + (f" AND {_column(conn, ToolCall, _pk(ToolCall))} <> %s" if besides else "")
             + ")"
         )
@@ -258,7 +280,7 @@ def _requeue_params(
     besides: Any = None,
 ) -> list[Any]:
     params = [new, savers.saver(_field(AgentRun, "updated_at"))(now, conn), _pk(AgentRun).get_db_prep_value(run_id, conn), old]
-    if unless_pending is not None:
+    if unless_pending is not None and type(unless_pending) is not Fixed:
         params.append(unless_pending)
     if besides is not None:
         params.append(_pk(ToolCall).get_db_prep_value(besides, conn))
@@ -284,10 +306,10 @@ def _requeue_generation(
         if not requeue(run_id, old, new, now, unless_pending=unless_pending):
             return None
         return int(values(AgentRun, "generation", "id", id=run_id)[0])
-    key = (conn.vendor, "requeue_returning", unless_pending is not None)
+    key = (conn.vendor, "requeue_returning", _pending_key(unless_pending))
     built = _statements.get(key)
     if built is None:
-        sql = _requeue_sql(conn, unless_pending=unless_pending is not None)
+        sql = _requeue_sql(conn, unless_pending=unless_pending)
         sql += f" RETURNING {_column(conn, AgentRun, _field(AgentRun, 'generation'))}"
         built = _statements[key] = (sql, ())
     rows = _execute(conn, built[0], _requeue_params(conn, run_id, old, new, now, unless_pending), fetch=True)
@@ -341,7 +363,7 @@ def select[M: Model](
         alias, conn = _db(model, write=for_update)
     else:
         conn = connections[alias]
-    key = (conn.vendor, "select", model, tuple(where), tuple(order_by), limit is not None, for_update)
+    key = (conn.vendor, "select", model, tuple(where), _fixed(where), tuple(order_by), limit is not None, for_update)
     built = _statements.get(key)
     if built is None:
         condition, fields = _where(conn, model, where)
@@ -414,7 +436,7 @@ def _refreshed(model: type[Model]) -> tuple[tuple[str, ...] | None, tuple[str, .
 def values(model: type[Model], name: str, order_by: str, **where: Any) -> list[Any]:
     """``Model.objects.filter(**where).order_by(order_by).values_list(name, flat=True)``."""
     alias, conn = _db(model, write=False)
-    key = (conn.vendor, "values", model, name, order_by, tuple(where))
+    key = (conn.vendor, "values", model, name, order_by, tuple(where), _fixed(where))
     built = _statements.get(key)
     if built is None:
         condition, fields = _where(conn, model, where)
@@ -727,7 +749,7 @@ class Batch:
 
 def _listened(obj: Model) -> bool:
     model = type(obj)
-    return pre_save.has_listeners(model) or post_save.has_listeners(model)
+    return driver.listened(pre_save, model) or driver.listened(post_save, model)
 
 
 def _auto_pk(model: type[Model]) -> bool:
@@ -748,10 +770,36 @@ def _insert_fields(model: type[Model]) -> list[Field[Any, Any]]:
 _inserted: dict[type[Model], list[Field[Any, Any]]] = {}
 
 
+def _row_of(model: type[Model]) -> Callable[[Model], list[Any]]:
+    """``[f.pre_save(obj, add=True) for f in _insert_fields(model)]`` as one function: a field whose
+    ``pre_save`` is ``Field``'s own (the attribute as it is) read from the instance's attributes,
+    any other (``auto_now``, a project's field) called as the ORM calls it."""
+    found = _rows.get(model)
+    if found is None:
+        plan = [(f.attname, None if type(f).pre_save is Field.pre_save else f) for f in _insert_fields(model)]
+
+        def row_of(obj: Model) -> list[Any]:
+            attributes = obj.__dict__
+            return [
+                (attributes[name] if name in attributes else getattr(obj, name)) if field is None
+                else field.pre_save(obj, True)
+                for name, field in plan
+            ]
+
+        found = _rows[model] = row_of
+    return found
+
+
+#: model -> :func:`_row_of`
+_rows: dict[type[Model], Callable[[Model], list[Any]]] = {}
+
+
 def _shape(step: tuple[Any, ...]) -> tuple[Any, ...]:
     kind = step[0]
     if kind == "update":
-        return (kind, step[1], tuple(step[2]), tuple(step[3]))
+        return (kind, step[1], tuple(step[2]), _fixed(step[2]), tuple(step[3]))
+    if kind == "requeue":
+        return (kind, _pending_key(step[5]))
     if kind == "create":
         return (kind, type(step[1][0]), len(step[1]))
     if kind == "insert":
@@ -763,18 +811,20 @@ def _step_params(conn: BaseDatabaseWrapper, step: tuple[Any, ...]) -> list[Any]:
     kind = step[0]
     if kind == "update":
         model, where, values = step[1:]
-        shape: tuple[Any, ...] = ("update-step", model, tuple(values), tuple(where))
+        shape: tuple[Any, ...] = ("update-step", model, tuple(values), tuple(where), _fixed(where))
         found = _step_fields.get(shape)
         if found is None:
-            found = _step_fields[shape] = tuple(_field(model, name) for name in (*values, *where))
+            bound = [name for name, v in where.items() if type(v) is not Fixed]
+            found = _step_fields[shape] = tuple(_field(model, name) for name in (*values, *bound))
         n = len(values)
         params = [save(v, conn) for save, v in zip(savers.savers_of(shape, found[:n]), values.values(), strict=True)]
         return params + _lookup_params(conn, found[n:], where.values())
     if kind == "create":
         model = type(step[1][0])
         fields = _insert_fields(model)
-        prepared = tuple(zip(fields, savers.savers_of(("create-step", model), fields), strict=True))
-        return [save(f.pre_save(obj, add=True), conn) for obj in step[1] for f, save in prepared]
+        saves = savers.savers_of(("create-step", model), fields)
+        row_of = _row_of(model)
+        return [save(v, conn) for obj in step[1] for save, v in zip(saves, row_of(obj), strict=True)]
     if kind == "insert":
         model, names, rows = step[1:]
         shape = ("insert-step", model, names)
@@ -853,7 +903,7 @@ def _combined_sql(
                     "WHERE EXISTS (SELECT 1 FROM s0)"
                 )
         elif kind == "requeue":
-            body = _requeue_sql(conn, unless_pending=True, besides=True) + guard
+            body = _requeue_sql(conn, unless_pending=step[5], besides=True) + guard
             returning = _column(conn, AgentRun, _field(AgentRun, "generation"))
             keys.append(f"(SELECT max({q(str(_field(AgentRun, 'generation').column))}) FROM s{i})")
         else:

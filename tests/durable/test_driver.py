@@ -268,3 +268,24 @@ def test_values_are_stored_as_given_and_on_postgresql_go_apart_from_the_statemen
         options = connection.settings_dict["OPTIONS"]
         asks = options.get("server_side_binding") is True and options.get("prepare_threshold") is not None
         assert (prepared() > prepared_before) == asks
+
+
+def test_a_statement_past_psycopgs_cache_writes_what_djangos_cursor_writes() -> None:
+    """A statement of more than 50 parameters (past psycopg's cache of its split at placeholders;
+    on PostgreSQL the driver sends it in ``$n`` placeholders on a ``RawCursor``, issue 34) writes
+    the rows Django's cursor writes: the same statement, the same rows."""
+    from tests.durable.test_sql import AWKWARD_JSON
+
+    run = a_run()
+    run.save(force_insert=True)
+    columns = ("run_id", "type", "data", "created_at")
+    datas = [AWKWARD_JSON, {"quote": "it's \\'; DROP TABLE x; --", "nul": "a\x00b"}, {"n": [1.5, -0.0, 2**63]}, {}]
+    rows = [(run.pk, f"t{i}'\"", datas[i % len(datas)], WHEN) for i in range(13)]  # 52 values
+    assert len(rows) * len(columns) > 50
+
+    sql.insert(RunEvent, columns, rows)  # straight to the driver
+    with connection.execute_wrapper(lambda execute, *args: execute(*args)):  # through Django's cursor
+        sql.insert(RunEvent, columns, rows)
+    stored = [(e.type, e.data, e.created_at) for e in RunEvent.objects.filter(run=run).order_by("id")]
+    assert stored[:13] == stored[13:] == [(r[1], r[2], WHEN) for r in rows]
+

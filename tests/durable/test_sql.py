@@ -14,6 +14,7 @@ from django.db.models.signals import post_save
 from django.test.utils import CaptureQueriesContext
 
 from nexo_django.durable import savers, sql
+from nexo_django.durable.fixed import PENDING_APPROVAL, Fixed
 from nexo_django.models import (
     AgentRun,
     CallStatus,
@@ -225,12 +226,17 @@ def test_create_leaves_a_listened_model_to_the_orm_so_receivers_run() -> None:
     assert len(seen) == 1
 
 
-def test_requeue_bumps_the_generation_only_when_no_call_is_pending() -> None:
+#: the pending status bound as a value, and written into the statement as a literal (durable.fixed)
+BOUND_OR_FIXED = pytest.mark.parametrize("pending", [CallStatus.PENDING_APPROVAL, PENDING_APPROVAL],
+                                         ids=["bound", "fixed"])
+
+
+@BOUND_OR_FIXED
+def test_requeue_bumps_the_generation_only_when_no_call_is_pending(pending: str) -> None:
     run = a_run(status=RunStatus.SUSPENDED)
     run.save(force_insert=True)
     call = ToolCall.objects.create(run=run, tool_call_id="c", name="write", capability="write", args={},
                                    digest="d" * 64, status=CallStatus.PENDING_APPROVAL)
-    pending = CallStatus.PENDING_APPROVAL
     assert sql.requeue(run.pk, RunStatus.SUSPENDED, RunStatus.QUEUED, WHEN, unless_pending=pending) == 0
     ToolCall.objects.filter(pk=call.pk).update(status=CallStatus.APPROVED)
     assert sql.requeue(run.pk, RunStatus.RUNNING, RunStatus.QUEUED, WHEN, unless_pending=pending) == 0
@@ -433,7 +439,8 @@ def test_a_failing_step_of_a_batch_writes_nothing_and_an_overlong_value_is_refus
         assert not RunMessage.objects.filter(run=run, seq=7).exists()
 
 
-def test_a_batch_requeue_does_not_count_the_call_decided_in_it() -> None:
+@BOUND_OR_FIXED
+def test_a_batch_requeue_does_not_count_the_call_decided_in_it(pending: str) -> None:
     """The batch's decision: the call's compare-and-set, then the wake-up that must not see that
     call as still pending (one statement on PostgreSQL: one snapshot), but must see the others."""
     run = a_run(status=RunStatus.SUSPENDED)
@@ -441,7 +448,6 @@ def test_a_batch_requeue_does_not_count_the_call_decided_in_it() -> None:
     first, second = (ToolCall.objects.create(run=run, tool_call_id=f"c{i}", name="write", capability="write",
                                              args={}, digest="d" * 64, status=CallStatus.PENDING_APPROVAL)
                      for i in range(2))
-    pending = CallStatus.PENDING_APPROVAL
     for call, woken in ((first, 0), (second, 1)):
         batch = sql.Batch()
         batch.gate(ToolCall, {"id": call.pk, "status": pending}, {"status": CallStatus.APPROVED})
@@ -614,3 +620,33 @@ def test_how_a_commit_is_told_not_to_wait_on_this_database(tmp_path: Any) -> Non
         assert raw.execute("PRAGMA synchronous").fetchone()[0] == sql.SQLITE_NORMAL
     assert raw.execute("PRAGMA synchronous").fetchone()[0] == sql.SQLITE_FULL
     raw.close()
+
+
+def test_a_fixed_value_is_a_literal_of_the_statement_and_compares_as_a_bound_one() -> None:
+    run = a_run(status=RunStatus.SUSPENDED)
+    run.save(force_insert=True)
+    calls = [ToolCall.objects.create(run=run, tool_call_id=f"c{i}", name="write", capability="write", args={},
+                                     digest="d" * 64, status=status)
+             for i, status in enumerate([CallStatus.PENDING_APPROVAL, CallStatus.APPROVED, CallStatus.PENDING_APPROVAL])]
+    sent: list[tuple[str, Any]] = []
+
+    def watch(execute: Any, text: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append((text, params))
+        return execute(text, params, many, context)
+
+    with connection.execute_wrapper(watch):
+        fixed = sql.select(ToolCall, order_by=("id",), run=run.pk, status=PENDING_APPROVAL)
+    [(text, params)] = sent
+    assert "= 'pending_approval'" in text and len(params) == 1  # the run's id alone is bound
+    bound = sql.select(ToolCall, order_by=("id",), run=run.pk, status=CallStatus.PENDING_APPROVAL)
+    assert [c.pk for c in fixed] == [c.pk for c in bound] == [calls[0].pk, calls[2].pk]
+    assert sql.update(ToolCall, {"id": calls[1].pk, "status": PENDING_APPROVAL}, {"status": CallStatus.DENIED}) == 0
+    assert sql.update(ToolCall, {"id": calls[2].pk, "status": PENDING_APPROVAL}, {"status": CallStatus.DENIED}) == 1
+    assert list(ToolCall.objects.order_by("id").values_list("status", flat=True)) == ["pending_approval", "approved", "denied"]
+
+
+@pytest.mark.parametrize("value", ["pending'; DROP TABLE x; --", "Pending", "", "a" * 65, "pending approval"])
+def test_a_fixed_value_is_a_word_or_refused(value: str) -> None:
+    with pytest.raises(ValueError, match="lowercase letters and underscores"):
+        Fixed(value)
+
