@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.targets import GATES, TARGETS, evaluate, parse  # noqa: E402
+from bench.targets import TARGETS, evaluate, gate_misses, parse  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "latest.txt"
 STEP_TIMEOUT = 300  # seconds; a benchmark that hangs is stopped and reported
@@ -283,7 +283,7 @@ def main() -> int:
                 failed.append(step.name)
 
     verdicts = evaluate(parse(figures))
-    regressions = [v for v in verdicts if v.startswith(tuple(f"target={g} " for g in GATES)) and "met=no" in v]
+    regressions = gate_misses(verdicts)
     total = time.monotonic() - started
     footer = [
         "steps " + " ".join(durations) + f" total={total:.0f}s load_at_end={load()}"

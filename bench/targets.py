@@ -120,6 +120,12 @@ TARGETS = [
 #: Targets whose miss fails ``make bench`` (a regression); the others are reported.
 GATES = ("no_regression",)
 
+def gate_misses(verdicts: list[str]) -> list[str]:
+    """The verdicts of ``GATES`` that say ``met=no`` (not ``met=not_measured``: a run without the
+    gate's step has nothing to fail)."""
+    return [v for v in verdicts if v.startswith(tuple(f"target={g} " for g in GATES)) and v.endswith(" met=no")]
+
+
 #: Pages whose query count must be the same at 1k and at 100k pending calls.
 SAME_QUERIES = ("inbox_page", "decision_page")
 

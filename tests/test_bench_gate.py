@@ -178,3 +178,16 @@ def test_a_benchmark_that_fails_or_hangs_is_an_error_and_its_whole_output_is_kep
     [kept] = (tmp_path / "results").iterdir()
     assert f"(the whole output: {kept})" in message
     assert kept.read_text().splitlines()[:40] == [f"worker log line {i}" for i in range(40)]
+
+
+def test_a_run_without_the_gate_has_no_regression_and_a_miss_is_one():
+    """`bench/run.py --only ...` without the regression step prints the gate `not_measured`: that
+    is no regression (it made such runs exit 1, "1 figure(s) regressed"); `met=no` is."""
+    from bench.targets import gate_misses
+
+    assert gate_misses(evaluate(parse(["figure=peer_cycle framework=langgraph median_ms=12"]))) == []
+    miss = ("figure=regression check=cycle_postgres key=median_ms baseline=7 now=8 ratio=1.143 pairs=6"
+            " baseline_revision=x mode=full")
+    assert gate_misses(evaluate(parse([miss]))) == [
+        "target=no_regression check=cycle_postgres key=median_ms baseline=7 now=8 pairs=6 value=1.143 limit<=1.1 met=no"
+    ]
