@@ -59,9 +59,24 @@ class Command(BaseCommand):
         gc.freeze()
         # `kill -USR2 <pid>` writes every thread's stack to stderr (the worker's log) and the
         # worker goes on: what a run, or the worker itself, is waiting on (rq uses no SIGUSR2).
-        faulthandler.register(signal.SIGUSR2, all_threads=True)
+        # faulthandler writes at once, even with the GIL held, but 100 threads at most, newest
+        # first: past that the main thread (taking jobs, rq's suspension loop) is cut off, so it is
+        # written again by a Python handler, which runs as soon as the main thread runs Python.
+        signal.signal(signal.SIGUSR2, _main_thread_stack)
+        faulthandler.register(signal.SIGUSR2, all_threads=True, chain=True)
         try:
             worker.work(burst=options["burst"], with_scheduler=options["with_scheduler"], logging_level=level)
         except RedisConnectionError as exc:
             self.stderr.write(str(exc))
             sys.exit(1)
+
+
+def _main_thread_stack(signum: int, frame: Any) -> None:
+    """The main thread's stack on stderr, after faulthandler's dump of every thread (which stops at
+    100 threads, before the main one when hundreds of runs are in flight)."""
+    import traceback
+
+    stack = "".join(traceback.format_stack(frame))
+    sys.stderr.write(f"Main thread, as Python sees it (most recent call last):\n{stack}")  # one write
+    sys.stderr.flush()
+
