@@ -325,7 +325,8 @@ def measure_nexo(server: SlowServer, workers: Any, count: int, warmup: int) -> d
     redis = django_rq.get_connection("default")
     suspend(redis)
     last = [r.pk for r in send_runs(len(workers.pids))]
-    wait_for(lambda: all_done(last) and suspended(redis, len(workers.pids)), "the workers to be suspended")
+    wait_for(lambda: all_done(last), "the last warm-up runs, sent after `rq suspend`")
+    wait_for(lambda: suspended(redis, len(workers.pids)), "the workers to be suspended")
     start = time.perf_counter()
     ids = [r.pk for r in send_runs(count)]
     sent = time.perf_counter() - start
