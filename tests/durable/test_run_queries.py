@@ -123,10 +123,11 @@ def test_scripted_approval_cycle_runs_prepared_statements_only() -> None:
     # resume: the run with its messages, and the calls, read, then three transactions of three
     # statements each. On PostgreSQL each of those transactions is one statement
     # (nexo_django.durable.sql.Batch), and the decision is one.
+    heads = [" ".join(s.split()[:4])[:80] for s in work]  # what ran, shown if the count is off
     if connection.vendor == "postgresql":
-        assert len(work) == 1 + 1 + 2 + 3
+        assert len(work) == 1 + 1 + 2 + 3, heads
     else:
-        assert len(work) == 4 + 4 + 2 + 9
+        assert len(work) == 4 + 4 + 2 + 9, heads
     unprepared = [s for s in work if not any(_same(s, p) for p in prepared)]
     assert unprepared == []
 
