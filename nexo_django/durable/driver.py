@@ -146,13 +146,20 @@ def dollar(sql: str) -> str:
     return native
 
 
+#: psycopg's ``RawCursor`` and Django's PostgreSQL backend module, looked up at the first statement
+_postgres: tuple[Any, Any] | None = None
+
+
 def _raw_cursor(conn: Any) -> Any:
     """The backend's ``create_cursor()`` (same connection, adapters and time zone), but psycopg's
     ``RawCursor``: ``$n`` placeholders, the values bound on the server."""
-    import psycopg
+    global _postgres
+    if _postgres is None:
+        import psycopg
 
-    base: Any = import_module("django.db.backends.postgresql.base")  # names the stubs lack
-    cursor = psycopg.RawCursor(conn.connection)
+        _postgres = (psycopg.RawCursor, import_module("django.db.backends.postgresql.base"))  # names the stubs lack
+    raw_cursor, base = _postgres
+    cursor = raw_cursor(conn.connection)
     tzloader = conn.connection.adapters.get_loader(base.TIMESTAMPTZ_OID, base.Format.TEXT)
     if conn.timezone != tzloader.timezone:
         base.register_tzloader(conn.timezone, cursor)
