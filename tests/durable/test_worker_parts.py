@@ -173,8 +173,10 @@ def test_after_waiting_for_a_job_the_worker_asks_about_a_suspension_at_once(redi
     worker = ConcurrentWorker([queue], connection=redis, concurrency=4)
     worker.check_for_suspension(burst=False)
     assert worker._suspension_checked > 0  # asked just now: the next job would not ask again
-    threading.Timer(0.3, queue.enqueue_call, kwargs={"func": "builtins.print"}).start()
+    enqueuer = threading.Timer(0.3, queue.enqueue_call, kwargs={"func": "builtins.print"})
+    enqueuer.start()
     job, _ = worker.dequeue_job_and_maintain_ttl(timeout=5)  # waits for the job
+    enqueuer.join()  # the job can be taken before the enqueuing thread has read its reply
     assert job is not None and worker._suspension_checked == float("-inf")
     queue.enqueue_call(func="builtins.print")
     worker.check_for_suspension(burst=False)
@@ -191,6 +193,7 @@ def test_a_job_taken_without_asking_is_followed_by_asking_before_waiting(redis: 
     queue.empty()
     worker = ConcurrentWorker([queue], connection=redis, concurrency=1)
     worker.register_birth()
+    timers: list[threading.Timer] = []
     try:
         worker.check_for_suspension(burst=False)  # asked just now
         queue.enqueue_call(func="builtins.print")
@@ -200,15 +203,21 @@ def test_a_job_taken_without_asking_is_followed_by_asking_before_waiting(redis: 
         assert job is not None and worker._suspension_skipped
         worker._slots.release()  # the job is done
         states: list[str] = []
-        threading.Timer(0.5, lambda: states.append(worker.get_state())).start()
-        threading.Timer(0.8, resume, args=(redis,)).start()
-        threading.Timer(1.2, queue.enqueue_call, kwargs={"func": "builtins.print"}).start()
+        timers += [
+            threading.Timer(0.5, lambda: states.append(worker.get_state())),
+            threading.Timer(0.8, resume, args=(redis,)),
+            threading.Timer(1.2, queue.enqueue_call, kwargs={"func": "builtins.print"}),
+        ]
+        for timer in timers:
+            timer.start()
         worker.check_for_suspension(burst=False)  # still within the second
         began = time.monotonic()
         job, _ = worker.dequeue_job_and_maintain_ttl(timeout=5)
         assert states == ["suspended"]  # it asked before waiting, and obeyed
         assert job is not None and time.monotonic() - began >= 1.0
     finally:
+        for timer in timers:  # the job can be taken before the enqueuing thread has its reply:
+            timer.join()  # an unjoined thread failed in the next test when the client closed
         resume(redis)
         worker.register_death()
         queue.empty()
