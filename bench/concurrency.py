@@ -304,6 +304,35 @@ def suspended(redis: Any, processes: int) -> bool:
     return sum(w.get_state() == WorkerStatus.SUSPENDED for w in Worker.all(connection=redis)) >= processes
 
 
+def suspend_all(redis: Any, processes: int) -> None:
+    """After ``rq suspend``, wait until every worker is in rq's suspension loop. A worker waiting
+    for a job when the suspension comes notices it only after its next job, so warm-up runs are
+    sent one at a time until all say so: a suspended worker takes none, so each goes to one still
+    waiting. One run per worker at once hung (2026-12-03): a worker with free threads takes as many
+    jobs as are queued, and one that went into the suspension loop before taking any left a run
+    queued that no worker would take."""
+    from rq import Queue
+
+    sent: list[Any] = []
+    for _ in range(10 * processes):
+        if suspended(redis, processes):
+            break
+        last = [r.pk for r in send_runs(1)]
+        sent += last
+        # the last worker waiting may have gone into the suspension loop just before taking it
+        wait_for(lambda: all_done(last) or suspended(redis, processes), "a warm-up run sent after `rq suspend`")
+        deadline = time.monotonic() + 3  # the worker that took it reaches the suspension loop
+        while not suspended(redis, processes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if not suspended(redis, processes):
+        raise TimeoutError(f"the workers were not all suspended after {10 * processes} warm-up runs")
+    untaken = {job for queue in Queue.all(connection=redis) for job in queue.job_ids}
+    for queue in Queue.all(connection=redis):  # a warm-up run no worker took: not in the timed part
+        queue.empty()
+    taken = [pk for pk in sent if not any(str(pk) in job for job in untaken)]
+    wait_for(lambda: all_done(taken), "the warm-up runs the workers took before they suspended")
+
+
 def ramp(server: SlowServer) -> float:
     """Seconds from the first run's first model request to the last run's, as the server saw
     them: how long the side took to start them all. While the ramp is longer than a run lasts,
@@ -318,15 +347,10 @@ def measure_nexo(server: SlowServer, workers: Any, count: int, warmup: int) -> d
     warm = [r.pk for r in send_runs(warmup)]
     wait_for(lambda: all_done(warm), "the warm-up runs")
     # The runs are all sent while the workers are suspended (rq's own `rq suspend`), then the
-    # workers resume: like the peer's gather, the timed part starts with every run ready. A worker
-    # waiting for a job when `rq suspend` comes notices it only after its next job: one more
-    # warm-up run each first, so that none takes a timed run and then sleeps in rq's suspension
-    # loop (it looks again once a second) with that run held.
+    # workers resume: like the peer's gather, the timed part starts with every run ready.
     redis = django_rq.get_connection("default")
     suspend(redis)
-    last = [r.pk for r in send_runs(len(workers.pids))]
-    wait_for(lambda: all_done(last), "the last warm-up runs, sent after `rq suspend`")
-    wait_for(lambda: suspended(redis, len(workers.pids)), "the workers to be suspended")
+    suspend_all(redis, len(workers.pids))
     start = time.perf_counter()
     ids = [r.pk for r in send_runs(count)]
     sent = time.perf_counter() - start
