@@ -320,7 +320,7 @@ def suspend_all(redis: Any, processes: int) -> None:
         last = [r.pk for r in send_runs(1)]
         sent += last
         # the last worker waiting may have gone into the suspension loop just before taking it
-        wait_for(lambda: all_done(last) or suspended(redis, processes), "a warm-up run sent after `rq suspend`")
+        wait_for(lambda last=last: all_done(last) or suspended(redis, processes), "a warm-up run sent after `rq suspend`")
         deadline = time.monotonic() + 3  # the worker that took it reaches the suspension loop
         while not suspended(redis, processes) and time.monotonic() < deadline:
             time.sleep(0.05)
