@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.db.models import QuerySet
+
 from ..core.errors import AlreadyDecided
 from ..models import AgentRun, CallStatus, ToolCall
 from .deadlines import on_timeout_of
@@ -34,6 +36,11 @@ def _waited(call: ToolCall) -> str:
     return " within " + ", ".join(parts[:2]) if parts else ""
 
 
+def overdue_calls(now: datetime) -> QuerySet[ToolCall]:
+    """The calls still waiting at ``now`` past their deadline."""
+    return ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL, expires_at__lte=now)
+
+
 def expire_overdue(now: datetime) -> list[str]:
     """Expire every call still waiting at ``now`` past its deadline; the ids of their runs (one
     per call expired, in order). Safe on several machines at once: each expiry is ``decide()``'s
@@ -43,8 +50,7 @@ def expire_overdue(now: datetime) -> list[str]:
     seen: set[int] = set()
     while True:
         overdue = list(
-            ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL, expires_at__lte=now)
-            .exclude(pk__in=seen).select_related("run").order_by("expires_at", "id")[:BATCH]
+            overdue_calls(now).exclude(pk__in=seen).select_related("run").order_by("expires_at", "id")[:BATCH]
         )
         if not overdue:
             return expired

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -295,12 +295,17 @@ def backoff(attempts: int, base: float) -> timedelta:
     return min(timedelta(seconds=float(base) * 2 ** max(attempts - 1, 0)), MAX_DELAY)
 
 
+def pending_due(now: datetime) -> QuerySet[Notice]:
+    """The notices waiting to be sent whose time has come (:func:`deliver_due`'s)."""
+    return Notice.objects.filter(status=NoticeStatus.PENDING, next_attempt_at__lte=now)
+
+
 def claim(where: Q, now: datetime, limit: int = ROUND) -> list[Notice]:
     """Take the due notices matching ``where`` (at most ``limit``), in one statement: each gets
     this delivery's token and a ``next_attempt_at`` past the send's time, so no other process
     takes it meanwhile. The notices taken."""
     token = uuid.uuid4().hex
-    due = Notice.objects.filter(where, status=NoticeStatus.PENDING, next_attempt_at__lte=now)
+    due = pending_due(now).filter(where)
     pks = list(due.order_by("next_attempt_at", "id").values_list("pk", flat=True)[:limit])
     if not pks:
         return []
@@ -372,18 +377,25 @@ PURGE_ROUND = 1000
 LIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.SUSPENDED)
 
 
-def purge(now: datetime) -> int:
-    """The reconciler's part: delete the delivered and skipped notices older than
-    ``NEXO["NOTICES_KEEP_DAYS"]`` whose run has finished (a live run's messages may still be
-    updated from their receipts); failed ones stay for a person. How many went."""
+def purgeable(now: datetime) -> QuerySet[Notice]:
+    """The delivered and skipped notices older than ``NEXO["NOTICES_KEEP_DAYS"]`` whose run has
+    finished (a live run's messages may still be updated from their receipts); none if the
+    setting is None (kept for ever)."""
     days = nexo_settings.NOTICES_KEEP_DAYS
     if days is None:
-        return 0
+        return Notice.objects.none()
     # next_attempt_at: the last claim's time, after the notice was written; the due index covers it.
-    old = (Notice.objects.filter(status__in=(NoticeStatus.DELIVERED, NoticeStatus.SKIPPED),
-                                 next_attempt_at__lt=now - timedelta(days=int(days)))
-           .exclude(run__status__in=LIVE).order_by())
-    ids = list(old.values_list("id", flat=True)[:PURGE_ROUND])
+    return (Notice.objects.filter(status__in=(NoticeStatus.DELIVERED, NoticeStatus.SKIPPED),
+                                  next_attempt_at__lt=now - timedelta(days=int(days)))
+            .exclude(run__status__in=LIVE).order_by())
+
+
+def purge(now: datetime) -> int:
+    """The reconciler's part: delete the :func:`purgeable` notices (failed ones stay for a
+    person). How many went."""
+    if nexo_settings.NOTICES_KEEP_DAYS is None:
+        return 0
+    ids = list(purgeable(now).values_list("id", flat=True)[:PURGE_ROUND])
     return Notice.objects.filter(id__in=ids).delete()[0] if ids else 0
 
 

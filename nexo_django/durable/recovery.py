@@ -27,8 +27,8 @@ from ..models import (
     ToolCall,
     WorkflowStep,
 )
-from . import dispatch, outbox, parents, workflow_questions, workflow_runs
-from .expiry import expire_overdue
+from . import dispatch, outbox, parents, probe, workflow_questions, workflow_runs
+from .expiry import expire_overdue, overdue_calls
 from .queue_health import queue_warning
 from .runs import transition, wake
 
@@ -84,20 +84,39 @@ def reconcile(
     such as ``manage.py nexo_reconcile``), logged to ``nexo_django.recovery``."""
     now = now or timezone.now()
     report = Report()
+    grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
+    since = None if full else now - max(RECENT, 10 * grace)
     expired = AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).order_by()
-    for run in expired:
-        _recover_expired(run, now, report)
+    queued = _queued_before(now - grace)
+    # One statement first: which parts have anything to look at (on a healthy installation, none).
+    steps, children = workflow_runs.changed_since(since) if since is not None else (None, None)
+    due = probe.existing({
+        "expired": expired, "overdue": overdue_calls(now), "questions": workflow_questions.overdue_questions(now),
+        "notices": outbox.pending_due(now), "purge": outbox.purgeable(now), "queued": queued,
+        "calls": None if since is None else _changed_calls(since), "steps": steps, "children": children,
+    })
+    if due["expired"]:
+        for run in expired:
+            _recover_expired(run, now, report)
     # Calls past their deadline are expired (a decision each: their runs wake as decisions do).
-    report.expired = expire_overdue(now) + workflow_questions.expire_questions(now)
+    report.expired = (expire_overdue(now) if due["overdue"] else []) + (
+        workflow_questions.expire_questions(now) if due["questions"] else [])
+    # What those did (notices, calls changed, runs ended) is not in the probe: after any of them,
+    # every later part looks for itself, as without the probe.
+    acted = due["expired"] or due["overdue"] or due["questions"]
     # The outbox: reminders due, then every notice whose time has come (a receiver was down, the
     # job was lost with Redis, a worker died mid-send): emails to the approvers included.
-    outbox.remind(now)
-    _count_deliveries(outbox.deliver_due(now), report)
-    outbox.purge(now)
-    grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
-    _resend_lost_jobs(now - grace, report)
-    _wake_forgotten(None if full else now - max(RECENT, 10 * grace), report)
-    report.requeued += workflow_runs.wake_forgotten(None if full else now - max(RECENT, 10 * grace))
+    reminded = outbox.remind(now)
+    if due["notices"] or acted or reminded:
+        _count_deliveries(outbox.deliver_due(now), report)
+    if due["purge"] or acted:
+        outbox.purge(now)
+    if due["queued"] or acted:
+        _resend_lost_jobs(queued, report)
+    if due["calls"] or acted:
+        _wake_forgotten(since, report)
+    if due["steps"] or due["children"] or acted:
+        report.requeued += workflow_runs.wake_forgotten(since)
     _warn_if_nobody_listens(report, now, log_warnings)
     if report.requeued or report.needs_attention or report.failed or report.resent or report.expired:
         log.info("reconcile: %s", report)
@@ -111,10 +130,21 @@ def _count_deliveries(statuses: dict[str, str], report: Report) -> None:
     report.reminded = sum(1 for key in delivered if key.startswith("approval.reminder:"))
 
 
-def _resend_lost_jobs(before: datetime, report: Report) -> None:
+def _queued_before(before: datetime) -> QuerySet[AgentRun]:
+    """The runs queued since before ``before``: their job should have claimed them by now."""
+    return AgentRun.objects.filter(status=RunStatus.QUEUED, updated_at__lt=before).order_by()
+
+
+def _changed_calls(since: datetime) -> QuerySet[ToolCall]:
+    """The calls changed since ``since``: only such a call can have left its run with nothing
+    pending (:func:`_wake_forgotten`)."""
+    return ToolCall.objects.filter(updated_at__gte=since).order_by()
+
+
+def _resend_lost_jobs(queued: QuerySet[AgentRun], report: Report) -> None:
     from redis.exceptions import RedisError
 
-    for run in AgentRun.objects.filter(status=RunStatus.QUEUED, updated_at__lt=before).order_by():
+    for run in queued:
         try:
             if dispatch.job_pending(run.pk, run.generation):
                 continue
@@ -188,7 +218,7 @@ def _wake_forgotten(since: datetime | None, report: Report) -> None:
         # the runs of the calls that changed lately (an index), not at every suspended run. The
         # ids are read first: given a subquery, SQLite walks every suspended run instead.
         # (No DISTINCT either: SQLite would rather walk another index in run order for it.)
-        recent = sorted(set(ToolCall.objects.filter(updated_at__gte=since).order_by().values_list("run_id", flat=True)))
+        recent = sorted(set(_changed_calls(since).values_list("run_id", flat=True)))
         batches = (suspended.filter(pk__in=recent[i : i + BATCH]) for i in range(0, len(recent), BATCH))
     for batch in batches:
         for run in batch:

@@ -99,11 +99,16 @@ def _answered(step: WorkflowStep) -> AlreadyDecided:
 # --- the reconciler's part ------------------------------------------------------------------------
 
 
+def overdue_questions(now: datetime) -> QuerySet[WorkflowStep]:
+    """The questions still waiting past their deadline."""
+    return WorkflowStep.objects.filter(status=StepStatus.WAITING, kind=StepKind.QUESTION, expires_at__lte=now)
+
+
 def expire_questions(now: datetime) -> list[str]:
     """Questions still waiting past their deadline end as "no answer" (``ask`` raises ``NoAnswer``
     in the run's next pass, which is queued); the ids of their runs."""
     expired: list[str] = []
-    for step in WorkflowStep.objects.filter(status=StepStatus.WAITING, kind=StepKind.QUESTION, expires_at__lte=now)[:200]:
+    for step in overdue_questions(now)[:200]:
         with transaction.atomic():
             sql.lock(AgentRun, step.run_id)
             if WorkflowStep.objects.filter(pk=step.pk, status=StepStatus.WAITING).update(

@@ -502,15 +502,23 @@ def still_waiting(step_id: Any) -> bool:
 # --- the reconciler's part ------------------------------------------------------------------------
 
 
+def changed_since(since: datetime) -> tuple[QuerySet[WorkflowStep], QuerySet[AgentRun]]:
+    """What :func:`wake_forgotten` looks at: the workflow steps changed since ``since``, and the
+    agent runs of workflows that ended since then."""
+    return (
+        WorkflowStep.objects.filter(updated_at__gte=since),
+        AgentRun.objects.filter(status__in=TERMINAL_RUN_STATUSES, updated_at__gte=since, parent__isnull=False),
+    )
+
+
 def wake_forgotten(since: datetime | None) -> list[str]:
     """Suspended workflow runs that wait for nothing any more (their agent run ended, their
     question was answered, and the wake-up was lost with a process): queued again. Only the runs
     with a step or an agent run that changed since ``since`` are looked at (all with None)."""
     suspended = AgentRun.objects.filter(status=RunStatus.SUSPENDED, kind=RunKind.WORKFLOW).order_by()
     if since is not None:
-        ids = set(WorkflowStep.objects.filter(updated_at__gte=since).values_list("run_id", flat=True))
-        ids |= set(AgentRun.objects.filter(status__in=TERMINAL_RUN_STATUSES, updated_at__gte=since, parent__isnull=False)
-                   .values_list("parent_id", flat=True))
+        steps, children = changed_since(since)
+        ids = set(steps.values_list("run_id", flat=True)) | set(children.values_list("parent_id", flat=True))
         suspended = suspended.filter(pk__in=sorted(ids))
     woken: list[str] = []
     for run in suspended:
