@@ -326,8 +326,9 @@ def suspend_all(redis: Any, processes: int) -> None:
             time.sleep(0.05)
     if not suspended(redis, processes):
         raise TimeoutError(f"the workers were not all suspended after {10 * processes} warm-up runs")
-    untaken = {job for queue in Queue.all(connection=redis) for job in queue.job_ids}
-    for queue in Queue.all(connection=redis):  # a warm-up run no worker took: not in the timed part
+    queues = Queue.all(connection=redis)
+    untaken = {job for queue in queues for job in queue.job_ids}
+    for queue in queues:  # a warm-up run no worker took: not in the timed part
         queue.empty()
     taken = [pk for pk in sent if not any(str(pk) in job for job in untaken)]
     wait_for(lambda: all_done(taken), "the warm-up runs the workers took before they suspended")

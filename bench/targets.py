@@ -120,6 +120,7 @@ TARGETS = [
 #: Targets whose miss fails ``make bench`` (a regression); the others are reported.
 GATES = ("no_regression",)
 
+
 def gate_misses(verdicts: list[str]) -> list[str]:
     """The verdicts of ``GATES`` that say ``met=no`` (not ``met=not_measured``: a run without the
     gate's step has nothing to fail)."""

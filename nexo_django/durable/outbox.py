@@ -393,8 +393,6 @@ def purgeable(now: datetime) -> QuerySet[Notice]:
 def purge(now: datetime) -> int:
     """The reconciler's part: delete the :func:`purgeable` notices (failed ones stay for a
     person). How many went."""
-    if nexo_settings.NOTICES_KEEP_DAYS is None:
-        return 0
     ids = list(purgeable(now).values_list("id", flat=True)[:PURGE_ROUND])
     return Notice.objects.filter(id__in=ids).delete()[0] if ids else 0
 
