@@ -204,10 +204,20 @@ class PostgresStateStore:
         return row[0]
 
 
-def state_store(workdir: Path, peer_db: str) -> StateStore | PostgresStateStore:
-    """The store of a framework without one of its own, on ``--peer-db``: a SQLite file in
-    ``workdir``, or a fresh database on the benchmark's PostgreSQL."""
-    return PostgresStateStore(postgres_url()) if peer_db == "postgres" else StateStore(workdir / "state.sqlite3")
+class RowStatePeer:
+    """A framework without a store of its own: its state in one row of :class:`StateStore` (a
+    SQLite file in its workdir) or, with ``--peer-db postgres``, of :class:`PostgresStateStore`
+    (a fresh database on the benchmark's PostgreSQL), its ``store`` label saying which."""
+
+    store = ""
+
+    def use_state_store(self, workdir: Path, peer_db: str) -> None:
+        self.state: StateStore | PostgresStateStore
+        if peer_db == "postgres":
+            self.state = PostgresStateStore(postgres_url())
+            self.store = self.store.replace("sqlite_row_wal_full", "postgresql_row_fsync")
+        else:
+            self.state = StateStore(workdir / "state.sqlite3")
 
 
 class Peer(ABC):
@@ -333,7 +343,7 @@ class LangGraphPeer(Peer):
         return self.counter.count
 
 
-class PydanticAIPeer(Peer):
+class PydanticAIPeer(RowStatePeer, Peer):
     name = "pydantic_ai"
     dist = "pydantic-ai-slim"
     store = "history_json_in_sqlite_row_wal_full"
@@ -353,9 +363,7 @@ class PydanticAIPeer(Peer):
         self.adapter = ModelMessagesTypeAdapter
         self.DeferredToolRequests = DeferredToolRequests
         self.DeferredToolResults = DeferredToolResults
-        self.state = state_store(workdir, peer_db)
-        if peer_db == "postgres":
-            self.store = self.store.replace("sqlite_row_wal_full", "postgresql_row_fsync")
+        self.use_state_store(workdir, peer_db)
         self.current = 0
 
         def fake(messages: list[Any], info: AgentInfo) -> ModelResponse:
@@ -393,7 +401,7 @@ class PydanticAIPeer(Peer):
         return self.state.commits.count
 
 
-class OpenAIAgentsPeer(Peer):
+class OpenAIAgentsPeer(RowStatePeer, Peer):
     name = "openai_agents"
     dist = "openai-agents"
     store = "RunState_json_in_sqlite_row_wal_full"
@@ -414,9 +422,7 @@ class OpenAIAgentsPeer(Peer):
         self.loop = loop
         self.Runner = Runner
         self.RunState = RunState
-        self.state = state_store(workdir, peer_db)
-        if peer_db == "postgres":
-            self.store = self.store.replace("sqlite_row_wal_full", "postgresql_row_fsync")
+        self.use_state_store(workdir, peer_db)
         self.current = 0
         peer = self
 
