@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -15,15 +17,14 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
 
 @pytest.fixture(autouse=True)
-def no_rule_stays_known() -> object:
+def no_rule_stays_known(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The gate keeps "no rule names this tool" for ``rules.NEGATIVE_SECONDS`` (5 s), then asks
     the database again: a count spanning that moment (a loaded machine) saw one SELECT more (20
     statements against 19, once in CI). Here the answer holds for the whole test."""
     rules.forget()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(rules, "NEGATIVE_SECONDS", 3600.0)
-        yield
-    rules.forget()
+    monkeypatch.setattr(rules, "NEGATIVE_SECONDS", 3600.0)
+    yield
+    rules.forget()  # what this test learnt is not kept past it
 
 
 class LongBumper(Bumper):
