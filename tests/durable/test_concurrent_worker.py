@@ -41,6 +41,14 @@ def wait_all(runs: list[AgentRun], status: str, timeout: float = WAIT, *, worker
         raise AssertionError(f"runs are {statuses(runs)}, expected all {status}{logs}") from None
 
 
+def recorded(queue: Any, finished: int) -> None:
+    """Wait, bounded, until rq has recorded ``finished`` jobs' ends and none is still started: a
+    job's end is written to Redis after its run's last commit, so a run is done in the database a
+    moment before rq lists its job as finished (longer on a loaded machine)."""
+    wait_until(lambda: queue.finished_job_registry.count >= finished and not queue.started_job_registry.count,
+               timeout=WAIT, what=f"rq to record {finished} jobs' ends")  # fmt: skip
+
+
 def bumps(runs: list[AgentRun]) -> list[str]:
     return list(ToolCall.objects.filter(run__in=[r.pk for r in runs], name="bump").values_list("status", flat=True))
 
@@ -65,6 +73,7 @@ def test_one_process_carries_many_runs_at_once_and_each_finishes_once_scripted(
     assert bumps(runs) == [CallStatus.SUCCEEDED] * 20
     # rq's own bookkeeping: every job finished, the worker listed as rq lists any worker.
     queue = dispatch.get_queue()
+    recorded(queue, 20)
     assert queue.finished_job_registry.count == 20 and queue.failed_job_registry.count == 0
     assert queue.started_job_registry.count == 0
     # Each job's end as rq records a success (written for the jobs ending together at once, the
@@ -103,6 +112,7 @@ def test_a_burst_of_runs_past_redis_pys_hundred_connections_all_start_at_once_sc
     wait_all(runs, RunStatus.DONE, timeout=120, workers=workers)
     assert count(counter).count("b") == 130
     queue = dispatch.get_queue()
+    recorded(queue, 130)
     assert queue.finished_job_registry.count == 130 and queue.failed_job_registry.count == 0
     assert "Too many connections" not in workers.logs()
 
