@@ -86,7 +86,7 @@ def reconcile(
     report = Report()
     grace = timedelta(seconds=stale_after if stale_after is not None else int(nexo_settings.LEASE_SECONDS))
     since = None if full else now - max(RECENT, 10 * grace)
-    expired = AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).order_by()
+    expired = expired_leases(now)
     queued = _queued_before(now - grace)
     # One statement first: which parts have anything to look at (on a healthy installation, none).
     steps, children = workflow_runs.changed_since(since) if since is not None else (None, None)
@@ -128,6 +128,11 @@ def _count_deliveries(statuses: dict[str, str], report: Report) -> None:
     report.delivered = len(delivered)
     report.notified = sum(1 for key in delivered if key.startswith("approval.requested:"))
     report.reminded = sum(1 for key in delivered if key.startswith("approval.reminder:"))
+
+
+def expired_leases(now: datetime) -> QuerySet[AgentRun]:
+    """The running runs whose lease had expired at ``now``: their worker is gone."""
+    return AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).order_by()
 
 
 def _queued_before(before: datetime) -> QuerySet[AgentRun]:

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from nexo_django.durable import expiry, outbox, probe, workflow_questions, workflow_runs
-from nexo_django.durable.recovery import reconcile
+from nexo_django.durable.recovery import expired_leases, reconcile
 from nexo_django.models import AgentRun, CallStatus, Notice, RunStatus, ToolCall
 from tests.durable_agents import Bumper
 
@@ -22,7 +22,7 @@ def parts(now: object) -> dict[str, object]:
     """The querysets a reconciler round probes (as recovery.reconcile builds them)."""
     steps, children = workflow_runs.changed_since(now - timedelta(hours=1))  # type: ignore[operator]
     return {
-        "expired": AgentRun.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now),
+        "expired": expired_leases(now),  # type: ignore[arg-type]
         "overdue": expiry.overdue_calls(now),  # type: ignore[arg-type]
         "questions": workflow_questions.overdue_questions(now),  # type: ignore[arg-type]
         "notices": outbox.pending_due(now),  # type: ignore[arg-type]
@@ -45,7 +45,7 @@ def test_every_queryset_is_asked_in_one_statement_and_each_answer_is_its_own() -
     assert len(captured.captured_queries) == 1, [q["sql"][:80] for q in captured.captured_queries]
     expected = {name: True if qs is None else qs.exists() for name, qs in asked.items()}  # type: ignore[attr-defined]
     assert found == expected
-    # what this state has: the overdue call, a suspended run and its changed call; nothing else
+    # what this state has: the overdue call and its suspended run; nothing else
     assert {name for name, yes in found.items() if yes} == {"overdue", "suspended", "always"}
 
 
