@@ -235,6 +235,10 @@ class ConcurrentWorker(SimpleWorker):
         self._interruptible = False
         #: the state last sent to Redis on its own, and when (monotonic)
         self._state_sent: tuple[str | None, float] = (None, 0.0)
+        #: held while a state is chosen and, for a job's start, sent; the ident of the thread in
+        #: rq's suspension loop while it is there (it writes "suspended" once, then sleeps)
+        self._state_lock = threading.RLock()
+        self._suspended_in: int | None = None
         #: when the worker last asked Redis whether workers are suspended (monotonic), whether it
         #: let the last chance go by (asked less than a second before), and whether it is a burst
         self._suspension_checked = float("-inf")
@@ -247,6 +251,8 @@ class ConcurrentWorker(SimpleWorker):
         #: jobs ended well, waiting for the thread that records their ends together (_end_together)
         self._ends: queues.SimpleQueue[_End | None] = queues.SimpleQueue()
         self._ends_thread: threading.Thread | None = None
+        #: whether the Redis client is the worker's own (_bound_redis_connections)
+        self._own_redis = False
         super().__init__(*args, **kwargs)
         self._bound_redis_connections()
         http.set_max_connections(max(50, concurrency))
@@ -267,6 +273,7 @@ class ConcurrentWorker(SimpleWorker):
                 **pool.connection_kwargs,
             ))  # fmt: skip
             self.connection = own
+            self._own_redis = True
             self.queues = [self._on(queue, own) for queue in self.queues]
             self._ordered_queues = self.queues[:]
         elif getattr(pool, "max_connections", REDIS_CONNECTIONS) < REDIS_CONNECTIONS and not isinstance(
@@ -658,17 +665,35 @@ class ConcurrentWorker(SimpleWorker):
         super().heartbeat(timeout, pipeline)
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
-        # Listening for the next job while runs are in flight is still busy, for rq's dashboard.
-        if state == WorkerStatus.IDLE and self._in_flight:
-            state = WorkerStatus.BUSY
-        # rq sets the state around every job it takes: the same state again within a second is
-        # not sent (a pipeline's, part of a job's start or end, always is).
-        sent = time.monotonic()
-        if pipeline is None and state == self._state_sent[0] and sent - self._state_sent[1] < 1.0:
-            return
-        super().set_state(state, pipeline=pipeline)
-        if pipeline is None:
-            self._state_sent = (state, sent)
+        with self._state_lock:
+            me = threading.get_ident()
+            if self._suspended_in is not None and me != self._suspended_in:
+                # Suspended: a job's thread recording its start ("busy") leaves "suspended" as it
+                # is. rq's worker records a start before it next asks about a suspension; here
+                # the job's thread can do it after the main thread went into the loop.
+                return
+            if state == WorkerStatus.SUSPENDED and pipeline is None:
+                self._suspended_in = me
+            elif me == self._suspended_in:
+                self._suspended_in = None  # out of the loop (it restores the state before it)
+            # Listening for the next job while runs are in flight is still busy, for rq's dashboard.
+            if state == WorkerStatus.IDLE and self._in_flight:
+                state = WorkerStatus.BUSY
+            # rq sets the state around every job it takes: the same state again within a second is
+            # not sent (a pipeline's, part of a job's start or end, always is).
+            sent = time.monotonic()
+            if pipeline is None and state == self._state_sent[0] and sent - self._state_sent[1] < 1.0:
+                return
+            super().set_state(state, pipeline=pipeline)
+            if pipeline is None:
+                self._state_sent = (state, sent)
+
+    def prepare_execution(self, job: Job) -> Execution:
+        # In the job's thread (rq's main thread does it before it next asks about a suspension):
+        # under the state's lock, so that its "busy", sent in its pipeline, cannot land after the
+        # suspension loop's "suspended".
+        with self._state_lock:
+            return super().prepare_execution(job)
 
     def check_for_suspension(self, burst: bool) -> None:
         # rq asks Redis (with a heartbeat) before every job it takes: taking hundreds a second
@@ -756,6 +781,10 @@ class ConcurrentWorker(SimpleWorker):
                     self._threads = [thread for thread in self._threads if thread.is_alive()]
         finally:
             super().teardown()
+            if self._own_redis:
+                # Its own pool's connections, closed now rather than left to the garbage
+                # collector (work() called again opens them anew).
+                self.connection.connection_pool.disconnect()
         if left:
             # Runs still in flight must not see the interpreter shut down under them (a closed
             # HTTP client would fail a healthy run): the process ends here as a lost machine

@@ -223,6 +223,89 @@ def test_a_job_taken_without_asking_is_followed_by_asking_before_waiting(redis: 
         queue.empty()
 
 
+def test_a_job_starting_while_the_worker_is_suspended_leaves_its_state_suspended(redis: Any) -> None:
+    """A job's thread records its start (rq's ``prepare_execution``, with the worker's state
+    "busy") after the main thread may have gone on into rq's suspension loop, which writes
+    "suspended" once and sleeps: the job's "busy" must not overwrite it, or `rq suspend` is obeyed
+    and nobody can tell (the benchmark waiting for every worker to say "suspended" hung)."""
+    queue = Queue("parts-suspended-state", connection=redis)
+    queue.empty()
+    worker = ConcurrentWorker([queue], connection=redis, concurrency=2)
+    worker.register_birth()
+    job = queue.enqueue_call(func="builtins.print")
+
+    def state() -> bytes | None:
+        return redis.hget(worker.key, "state")
+
+    suspend(redis)
+    loop = threading.Thread(target=worker.check_for_suspension, args=(False,), name="main, suspended")
+    try:
+        loop.start()
+        deadline = time.monotonic() + 5
+        while state() != b"suspended" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert state() == b"suspended"
+        worker.prepare_execution(job)  # the job's thread, after the suspension loop began
+        assert worker.execution is not None and worker.execution.job_id == job.id  # recorded all the same
+        assert state() == b"suspended"
+    finally:
+        resume(redis)
+        loop.join(5)
+    try:
+        assert not loop.is_alive() and state() not in (b"suspended", None)  # the loop's end restores it
+        worker.set_state("idle")  # the main thread's own states are sent again
+        assert state() == b"idle"
+    finally:
+        queue.empty()
+        worker.register_death()
+        worker.connection.connection_pool.disconnect()  # its own pool: close() leaves it open
+        worker.connection.close()
+
+
+def test_a_job_start_sent_as_the_worker_suspends_does_not_land_after_suspended(
+    redis: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The other order: the job's thread has put "busy" in its start's pipeline when the main
+    thread goes into the suspension loop; the pipeline is sent a moment later. The start is sent
+    whole before "suspended" is written, never after it."""
+    from redis.client import Pipeline
+
+    queue = Queue("parts-suspending", connection=redis)
+    queue.empty()
+    worker = ConcurrentWorker([queue], connection=redis, concurrency=2)
+    worker.register_birth()
+    job = queue.enqueue_call(func="builtins.print")
+    loop = threading.Thread(target=worker.check_for_suspension, args=(False,), name="main, suspending")
+    execute = Pipeline.execute
+
+    def late(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(command[0][:1] == ("HSET",) and "busy" in command[0] for command in pipe.command_stack):
+            suspend(redis)
+            loop.start()  # the main thread, into the loop while the start is on its way
+            time.sleep(0.3)
+        return execute(pipe, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "execute", late)
+    try:
+        worker.prepare_execution(job)
+        monkeypatch.undo()
+        assert loop.is_alive()
+        deadline = time.monotonic() + 5
+        while redis.hget(worker.key, "state") != b"suspended" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert redis.hget(worker.key, "state") == b"suspended"
+    finally:
+        monkeypatch.undo()
+        resume(redis)
+        if loop.is_alive() or loop.ident is not None:
+            loop.join(5)
+        queue.empty()
+        worker.register_death()
+        worker.connection.connection_pool.disconnect()
+        worker.connection.close()
+
+
 def test_a_burst_of_jobs_is_taken_and_started_in_three_round_trips_one_per_free_thread(
     redis: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -381,6 +464,9 @@ def test_work_called_again_on_the_same_worker_runs_the_new_jobs(redis: Any) -> N
     worker = ConcurrentWorker([queue], connection=redis, concurrency=2)
     queue.enqueue_call(func=_record, args=("first",))
     worker.work(burst=True)
+    # its own pool's connections are closed when it stops (they were left to the garbage collector)
+    assert worker.connection is not redis and worker.connection.connection_pool._connections
+    assert all(c._sock is None for c in worker.connection.connection_pool._connections)
     queue.enqueue_call(func=_record, args=("second",))
     worker.work(burst=True)
     assert redis.lrange("parts-done", 0, -1) == [b"first", b"second"]
