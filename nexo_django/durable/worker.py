@@ -159,6 +159,16 @@ class ThreadDeathPenalty(BaseDeathPenalty):
 # --- the end of a job, recorded with others' ------------------------------------------------------
 
 
+def _is_run_job(job: RqJob) -> bool:
+    """Whether ``job`` runs a durable run (it stops at the run's next commit, by the run's id)."""
+    return job.func_name == dispatch.JOB_FUNC and bool(job.args)
+
+
+def _stopped_before_it_ran(job: RqJob) -> Any:
+    """``Job.perform`` for a job that rq's stop-job reached before its thread started it."""
+    raise JobStopped(f"job {job.id} was stopped (rq's stop-job) before it ran")
+
+
 def _perform_persisted(job: RqJob) -> Any:
     """rq's ``Job.perform`` for a job whose key was persisted with its start (``_start_together``):
     the same, less that round trip in the job's thread."""
@@ -510,6 +520,10 @@ class ConcurrentWorker(SimpleWorker):
             job, queue = task
             with self._lock:
                 self._job_threads[job.id] = threading.get_ident()
+                # rq's stop-job that came after the job was taken, before this thread had it
+                # (stop_job found no thread to raise into): the job stops as it would have here.
+                if job.id in self._stopped_jobs and not _is_run_job(job):
+                    job.perform = _stopped_before_it_ran.__get__(job)  # type: ignore[method-assign]
             try:
                 execution = self._started_together.get(job.id)
                 if execution is None:
@@ -732,7 +746,7 @@ class ConcurrentWorker(SimpleWorker):
                 return False
             self._stopped_jobs.add(job_id)
         self.log.info("Worker %s: stopping job %s", self.name, job_id)
-        if job.func_name == dispatch.JOB_FUNC and job.args:
+        if _is_run_job(job):
             journal.stop_run_at_next_commit(str(job.args[0]))
         elif ident is not None:
             _async_raise(ident, JobStopped)
@@ -744,7 +758,7 @@ class ConcurrentWorker(SimpleWorker):
             asked = job.id in self._stopped_jobs
         if asked:
             _async_raise(threading.get_ident(), None)
-            if job.func_name == dispatch.JOB_FUNC and job.args:
+            if _is_run_job(job):
                 journal._stop_runs.discard(str(job.args[0]))
 
     def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None, exc_string: str = "") -> None:

@@ -577,3 +577,54 @@ def test_rqs_stop_job_command_stops_that_job_and_no_other(redis: Any) -> None:
     assert seen == [{doomed.id, neighbour.id}] and time.monotonic() - began < 15
     assert doomed.get_status(refresh=True) == "stopped" and doomed.id in queue.failed_job_registry
     assert neighbour.get_status(refresh=True) == "finished"
+
+
+class _SlowHandOff:
+    """The worker's queue of tasks for its threads, each task handed over ``delay`` seconds late:
+    a job is in flight (taken) before any thread runs it."""
+
+    def __init__(self, tasks: Any, delay: float) -> None:
+        self.tasks, self.delay = tasks, delay
+
+    def put(self, task: Any) -> None:
+        self.tasks.put(task)
+
+    def get(self) -> Any:
+        task = self.tasks.get()
+        if task is not None:
+            time.sleep(self.delay)
+        return task
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_sent_before_the_jobs_thread_has_it_stops_the_job(redis: Any) -> None:
+    """rq's ``stop-job`` for a job taken and not yet running in its thread (a thread picks it up a
+    moment later): it was logged as stopping and then ignored, and the job ran to its end (seen
+    once in a loaded ``make test`` in the test above)."""
+    from rq.command import send_stop_job_command
+
+    queue = Queue("parts-stop-early", connection=redis)
+    queue.empty()
+    worker = ConcurrentWorker([queue], connection=redis, concurrency=2)
+    worker._tasks = _SlowHandOff(worker._tasks, 0.5)  # type: ignore[assignment]
+    doomed = queue.enqueue_call(func=_spin, args=(10,))
+    neighbour = queue.enqueue_call(func=_spin, args=(0.1,))  # taken with it: both started together
+
+    def stop_once_taken() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+            doomed.id in worker.in_flight() and doomed.get_status(refresh=True) == "started"
+        ):
+            time.sleep(0.005)
+        assert not worker._job_threads  # no thread has it yet
+        send_stop_job_command(redis, doomed.id)
+
+    stopper = threading.Thread(target=stop_once_taken, daemon=True)
+    stopper.start()
+    began = time.monotonic()
+    worker.work(burst=True)
+    stopper.join(5)
+    assert time.monotonic() - began < 5
+    assert doomed.get_status(refresh=True) == "stopped" and doomed.id in queue.failed_job_registry
+    assert neighbour.get_status(refresh=True) == "finished"
+    queue.empty()
