@@ -736,11 +736,14 @@ class ConcurrentWorker(SimpleWorker):
 
     def stop_job(self, job_id: str) -> bool:
         """Stop a job in flight: a run's job at the run's next commit (the run fails, ``JobStopped``,
-        and can be retried), any other job at its next Python instruction in its own thread. rq
-        files the job as stopped, in its failed registry. False if it is not in flight here."""
+        and can be retried), any other job at its next Python instruction in its own thread, or
+        before it runs if no thread has it yet. rq files the job as stopped, in its failed
+        registry. False if it is not in flight here."""
         with self._lock:
             job = self._in_flight.get(job_id)
             ident = self._job_threads.get(job_id)
+            if job is None:  # taken with others and not handed to a thread yet (started, in rq's view)
+                job = next((taken for taken, _ in list(self._prefetched) if taken.id == job_id), None)
             if job is None:
                 self.log.info("Worker %s: not working on job %s, command ignored", self.name, job_id)
                 return False

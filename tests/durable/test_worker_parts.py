@@ -628,3 +628,33 @@ def test_a_stop_sent_before_the_jobs_thread_has_it_stops_the_job(redis: Any) -> 
     assert doomed.get_status(refresh=True) == "stopped" and doomed.id in queue.failed_job_registry
     assert neighbour.get_status(refresh=True) == "finished"
     queue.empty()
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_for_a_job_taken_with_others_and_not_yet_handed_out_stops_it(redis: Any) -> None:
+    """Jobs taken together are started (in rq's view) at once and handed to threads one by one;
+    a stop-job for one still waiting to be handed out was "not working on job, ignored", and the
+    job then ran to its end."""
+    queue = Queue("parts-stop-taken", connection=redis)
+    queue.empty()
+    worker = ConcurrentWorker([queue], connection=redis, concurrency=3)
+    first = queue.enqueue_call(func=_spin, args=(0.1,))
+    doomed = queue.enqueue_call(func=_spin, args=(10,))
+    last = queue.enqueue_call(func=_spin, args=(0.1,))
+    job, job_queue = worker.dequeue_job_and_maintain_ttl(timeout=5)  # the first, and the two with it
+    assert job.id == first.id and [j.id for j, _ in worker._prefetched] == [doomed.id, last.id]
+    assert doomed.get_status(refresh=True) == "started"  # what rq's stop-job command asks
+    assert worker.stop_job(doomed.id)
+    began = time.monotonic()
+    try:
+        worker.execute_job(job, job_queue)
+        while worker._prefetched:  # what the main loop does next: hand them out, one by one
+            worker.execute_job(*worker._prefetched.popleft())
+        while worker.in_flight() and time.monotonic() - began < 15:
+            time.sleep(0.02)
+        assert time.monotonic() - began < 5
+    finally:
+        worker.teardown()
+    assert doomed.get_status(refresh=True) == "stopped" and doomed.id in queue.failed_job_registry
+    assert first.get_status(refresh=True) == "finished" and last.get_status(refresh=True) == "finished"
+    queue.empty()
