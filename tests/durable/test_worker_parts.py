@@ -17,6 +17,7 @@ from rq.suspension import resume, suspend
 
 from nexo_django.core.llm import http
 from nexo_django.durable.worker import ConcurrentWorker, _Watchdog
+from tests.servers import wait_until
 
 pytestmark = [pytest.mark.redis]
 
@@ -241,10 +242,7 @@ def test_a_job_starting_while_the_worker_is_suspended_leaves_its_state_suspended
     loop = threading.Thread(target=worker.check_for_suspension, args=(False,), name="main, suspended")
     try:
         loop.start()
-        deadline = time.monotonic() + 5
-        while state() != b"suspended" and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert state() == b"suspended"
+        wait_until(lambda: state() == b"suspended", timeout=5, interval=0.01, what="the worker to say suspended")
         worker.prepare_execution(job)  # the job's thread, after the suspension loop began
         assert worker.execution is not None and worker.execution.job_id == job.id  # recorded all the same
         assert state() == b"suspended"
@@ -257,9 +255,7 @@ def test_a_job_starting_while_the_worker_is_suspended_leaves_its_state_suspended
         assert state() == b"idle"
     finally:
         queue.empty()
-        worker.register_death()
-        worker.connection.connection_pool.disconnect()  # its own pool: close() leaves it open
-        worker.connection.close()
+        _retire(worker)
 
 
 def test_a_job_start_sent_as_the_worker_suspends_does_not_land_after_suspended(
@@ -290,20 +286,24 @@ def test_a_job_start_sent_as_the_worker_suspends_does_not_land_after_suspended(
         worker.prepare_execution(job)
         monkeypatch.undo()
         assert loop.is_alive()
-        deadline = time.monotonic() + 5
-        while redis.hget(worker.key, "state") != b"suspended" and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: redis.hget(worker.key, "state") == b"suspended", timeout=5, interval=0.01,
+                   what="the worker to say suspended")  # fmt: skip
         time.sleep(0.1)
         assert redis.hget(worker.key, "state") == b"suspended"
     finally:
         monkeypatch.undo()
         resume(redis)
-        if loop.is_alive() or loop.ident is not None:
+        if loop.ident is not None:
             loop.join(5)
         queue.empty()
-        worker.register_death()
-        worker.connection.connection_pool.disconnect()
-        worker.connection.close()
+        _retire(worker)
+
+
+def _retire(worker: ConcurrentWorker) -> None:
+    """The end of a worker a test drove by hand (not through work()): its key and its own pool."""
+    worker.register_death()
+    worker.connection.connection_pool.disconnect()  # its own pool: close() leaves it open
+    worker.connection.close()
 
 
 def test_a_burst_of_jobs_is_taken_and_started_in_three_round_trips_one_per_free_thread(
@@ -611,11 +611,8 @@ def test_a_stop_sent_before_the_jobs_thread_has_it_stops_the_job(redis: Any) -> 
     neighbour = queue.enqueue_call(func=_spin, args=(0.1,))  # taken with it: both started together
 
     def stop_once_taken() -> None:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (
-            doomed.id in worker.in_flight() and doomed.get_status(refresh=True) == "started"
-        ):
-            time.sleep(0.005)
+        wait_until(lambda: doomed.id in worker.in_flight() and doomed.get_status(refresh=True) == "started",
+                   interval=0.005, what="the job taken and started")  # fmt: skip
         assert not worker._job_threads  # no thread has it yet
         send_stop_job_command(redis, doomed.id)
 
@@ -650,8 +647,7 @@ def test_a_stop_for_a_job_taken_with_others_and_not_yet_handed_out_stops_it(redi
         worker.execute_job(job, job_queue)
         while worker._prefetched:  # what the main loop does next: hand them out, one by one
             worker.execute_job(*worker._prefetched.popleft())
-        while worker.in_flight() and time.monotonic() - began < 15:
-            time.sleep(0.02)
+        wait_until(lambda: not worker.in_flight(), timeout=15, interval=0.02, what="the three jobs to end")
         assert time.monotonic() - began < 5
     finally:
         worker.teardown()
