@@ -3,6 +3,8 @@
 ``LEFT_OUT``: tests not run with any worker class (they do not use the class under test).
 ``EXPECTED_FAILURES[worker]``: tests that fail with that worker class, on purpose (strict xfails:
 a listed test that starts passing fails the run, so the list stays true).
+``UNDECIDED[worker]``: tests not run with that worker class because their outcome with it depends on
+how its threads are scheduled (a strict xfail of one of them failed the suite when it passed by chance).
 """
 
 LEFT_OUT: dict[str, str] = {
@@ -29,9 +31,6 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
             "rq's SimpleWorker: stop-job kills the work horse, which it has not: the job runs on",
     },
     "ConcurrentWorker": {
-        "tests/test_worker.py::TestWorker::test_dequeue_round_robin":
-            "jobs run at once, each in its own thread: the order they record themselves in is the order "
-            "they end; the order they are taken in is rq's round robin",
         "tests/test_worker.py::TestWorker::test_job_timeout_moved_to_failed_job_registry":
             "a job's timeout is raised in its own thread as nexo_django's JobTimeout (a BaseException, so "
             "no tool's error handling takes it for the call's result), not rq's JobTimeoutException "
@@ -42,5 +41,14 @@ EXPECTED_FAILURES: dict[str, dict[str, str]] = {
             "stop-job is raised into the job's thread, where it lands at the next Python instruction "
             "(a run's job: at its next commit); this job sleeps in time.sleep(3), a C call, and stops "
             "when it returns, after the test looked (0.25 s)",
+    },
+}
+
+UNDECIDED: dict[str, dict[str, str]] = {
+    "ConcurrentWorker": {
+        "tests/test_worker.py::TestWorker::test_dequeue_round_robin":
+            "jobs taken together start at once, each in its own thread: the order of their recorded "
+            "starts is the order the threads ran in (rq's round robin only decides the order they are "
+            "taken in), so the test passes or fails by scheduling (it passed in one run of three here)",
     },
 }
