@@ -63,6 +63,11 @@ PREFETCH = 500
 #: Redis connections the worker's threads share at most, and seconds a thread waits for one.
 REDIS_CONNECTIONS = 50
 REDIS_WAIT = 60.0
+#: how long the thread that reads rq's commands (its pubsub thread) waits for one at a time: the
+#: longest a shutdown waits for that thread to end (rq waits 60 s, which redis-py 8.2's
+#: ``PubSubWorkerThread.stop()``, joining the thread without a timeout, made a worker's shutdown
+#: wait whenever the thread was between two reads: up to a minute after a SIGTERM)
+PUBSUB_WAIT = 1.0
 
 
 # --- job timeouts, per thread --------------------------------------------------------------------
@@ -721,6 +726,16 @@ class ConcurrentWorker(SimpleWorker):
         self._suspension_checked = time.monotonic()
 
     # --- stopping --------------------------------------------------------------------------------
+
+    def subscribe(self) -> None:
+        # rq's, with a short wait for each read of the channel (PUBSUB_WAIT): a command still
+        # arrives at once, and unsubscribe() no longer waits up to a minute for the thread.
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]  # rq declares it None
+            sleep_time=PUBSUB_WAIT, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
     def handle_payload(self, message: Any) -> None:
         """rq's commands (``rq.command``): ``stop-job`` stops that job if it is in flight here,

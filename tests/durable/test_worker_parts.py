@@ -654,3 +654,25 @@ def test_a_stop_for_a_job_taken_with_others_and_not_yet_handed_out_stops_it(redi
     assert doomed.get_status(refresh=True) == "stopped" and doomed.id in queue.failed_job_registry
     assert first.get_status(refresh=True) == "finished" and last.get_status(refresh=True) == "finished"
     queue.empty()
+
+
+@pytest.mark.timeout(60)
+def test_unsubscribing_with_the_command_thread_between_two_reads_ends_at_once(redis: Any) -> None:
+    """The thread that reads rq's commands waits for one at a time; a shutdown stops it and (redis-py
+    8.2) waits for it to end. Caught after the channel was left, before its next read, it waited
+    rq's 60 s for that read: a SIGTERMed worker took a minute to exit (two failures in one loaded
+    make test). It waits PUBSUB_WAIT now."""
+    worker = ConcurrentWorker([Queue("parts-unsubscribe", connection=redis)], connection=redis, concurrency=1)
+    worker.subscribe()
+    pubsub, thread = worker.pubsub, worker.pubsub_thread
+    assert pubsub is not None and thread is not None
+    wait_until(lambda: pubsub.subscribed, timeout=10, what="the channel subscribed")
+    pubsub.unsubscribe()
+    # The thread reads the unsubscribe's reply, then waits for a subscription again.
+    wait_until(lambda: not pubsub.subscribed, timeout=10, what="the channel left")
+    time.sleep(0.3)  # into its wait for a new subscription
+    began = time.monotonic()
+    worker.unsubscribe()
+    took = time.monotonic() - began
+    assert not thread.is_alive()
+    assert took < 5, f"unsubscribe took {took:.1f} s"
