@@ -26,7 +26,15 @@ from django.urls import include, path
 from nexo_django.core.sandboxes.local import LocalSandbox
 from nexo_django.models import ApprovalRule, CallStatus, Decision, RunStatus, ToolCall
 from nexo_django.signals import run_status_changed
-from tests.admin.support import DECISIONS, INBOX, client_for, csrf_post, decision_url, make_user, page_digest
+from tests.admin.support import (
+    DECISIONS,
+    INBOX,
+    client_for,
+    csrf_post,
+    decision_url,
+    make_user,
+    page_digest,
+)
 from tests.channel_servers import SlackServer, WebhookReceiver
 from tests.channels.test_slack import click, message_of, slack_channel, text_of
 from tests.channels.test_webhook import SECRET, decision_body, post
