@@ -372,6 +372,9 @@ def _decision_page(
         "arguments_url": model_admin.pending_arguments_url(call.pk),
         "edit_url": model_admin.call_edit_url(call.pk),
         "preview": call_preview,
+        # The file is not the version the notices showed: the approver is told whose diff this is.
+        "changed_since_asked": call_preview.version is not None and call.suspension_version is not None
+        and call_preview.version != call.suspension_version,
         "form": form,
         "editing": editing,
         "other_pending": other,

@@ -241,6 +241,7 @@ def test_a_page_reloaded_after_the_edit_binds_the_version_it_displayed_scripted(
     client = client_for(ann)
     page = client.get(decision_url(call)).content.decode()
     assert "a person&#x27;s edit" in page or "a person's edit" in page  # the diff showed the edit
+    assert 'id="changed-since-asked"' in page  # and the page says the notices showed another version
     assert csrf_post(client, decision_url(call), _page_form(client, decision_url(call))).status_code == 302
     call.refresh_from_db()
     assert target.read_text() == "hi" and call.status == CallStatus.SUCCEEDED
@@ -252,6 +253,7 @@ def test_an_unchanged_file_is_written_by_an_approval_without_a_version_scripted(
     target.write_text("old\n")
     run = Scribe.run("write hi", cwd=tmp_path)
     [call] = run.pending_calls()
+    assert 'id="changed-since-asked"' not in client_for(ann).get(decision_url(call)).content.decode()
     call.approve(by=ann)
     call.refresh_from_db()
     assert target.read_text() == "hi" and call.status == CallStatus.SUCCEEDED
