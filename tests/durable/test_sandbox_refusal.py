@@ -26,8 +26,10 @@ from django.contrib.admin import helpers
 from django.test import Client
 from django.urls import include, path
 
-from nexo_django.core.errors import AlreadyDecided
+from nexo_django.core.errors import AlreadyDecided, ApprovalRefused
+from nexo_django.durable.binding import SandboxRefusal
 from nexo_django.models import (
+    AgentRun,
     ApprovalRule,
     CallStatus,
     Decision,
@@ -427,3 +429,20 @@ def test_a_denial_of_a_refused_call_still_just_denies_it_scripted(tmp_path: Path
     call.deny(by=ann, note="no")
     call.run.refresh_from_db()
     assert call.run.status == RunStatus.DONE and p.outside_state() == before
+
+
+def test_an_agent_that_cannot_be_rebuilt_is_refused_now_and_the_call_still_waits_scripted(
+    tmp_path: Path, ann: Any,
+) -> None:
+    """Not the sandbox's refusal: the file cannot be looked at now (ApprovalRefused, nothing
+    recorded); the run is not failed for it, and a person may decide again once it can."""
+    p = Place(tmp_path)
+    call = _suspend(p, plant=False)
+    AgentRun.objects.filter(pk=call.run_id).update(agent="tests.no_such_module.Gone")
+    call = ToolCall.objects.get(pk=call.pk)
+    with pytest.raises(ApprovalRefused, match="cannot be rebuilt") as refused:
+        call.approve(by=ann)
+    assert not isinstance(refused.value, SandboxRefusal)
+    call.refresh_from_db()
+    assert call.status == CallStatus.PENDING_APPROVAL and not Decision.objects.exists()
+    assert AgentRun.objects.get(pk=call.run_id).status == RunStatus.SUSPENDED
