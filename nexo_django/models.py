@@ -381,6 +381,10 @@ class ToolCall(models.Model):
     reminded_at = models.DateTimeField(null=True, blank=True)
     #: The MCP server of an MCP tool's call (what the inbox names first, with the tool).
     server = models.CharField(max_length=200, blank=True, default="")
+    #: A ``write``'s file version when the call suspended (``""``: no such file; None: another
+    #: call, or the file could not be looked at): what every notice showed, so what an approval
+    #: that passes no later version is bound to (durable.binding).
+    suspension_version = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001 - None: none taken
     #: Filled by the database when the row is written (pages read these, not a big value).
     args_size = stored_size("args")
     args_head = stored_head("args")
@@ -423,9 +427,10 @@ class ToolCall(models.Model):
         self, *, by: Any = None, note: str = "", args: dict[str, Any] | None = None,
         digest: str | None = None, source: str = "api", file_version: str | None = None,
     ) -> Decision:
-        """``file_version``: the version of the call's file that the approver was shown (``""``:
-        no file): the write then runs without a read first, and only while the file is still
-        that version."""
+        """``file_version``: a later version of the call's file that the approver was shown
+        (``""``: no file); without it a ``write`` is bound to its version when the call suspended
+        (``suspension_version``, what the notices showed). The write then runs without a read
+        first, and only while the file is still that version."""
         return operations().decide(
             self, approved=True, by=by, note=note, args=args, digest=digest, source=source,
             file_version=file_version,

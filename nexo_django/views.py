@@ -53,7 +53,7 @@ from .core.errors import (
     WorkflowError,
 )
 from .display import is_hidden
-from .durable import live, outcomes, runs, workflow_questions, workflow_runs
+from .durable import live, outcomes, refusals, runs, workflow_questions, workflow_runs
 from .durable.queue_health import queue_warning
 from .jsonbody import BadJSON, request_json
 from .models import (
@@ -479,7 +479,9 @@ class CallDecisionView(View):
     like the admin's editor; ``file_version`` binds the approval of a ``write`` to the file version
     the front end showed (the status endpoint serves it as ``pending[].file_version``). A stale
     digest, a call decided meanwhile or an expired one is a 409 that says why; edited arguments
-    that fail their check are a 400."""
+    that fail their check are a 400. An approval whose target the sandbox refuses now is recorded
+    and fails the call and its run: the answer then has ``"refused": true``, the ``"error"``
+    (``SecurityError: ...``) and ``"run_status": "failed"``."""
 
     http_method_names = ["post"]
 
@@ -514,6 +516,10 @@ class CallDecisionView(View):
         except PermissionDenied as exc:
             return JsonResponse({"error": str(exc) or "you may not decide this call"}, status=403)
         run.refresh_from_db()
+        if refused := refusals.refused(call):
+            # Recorded: the approval, and the call and its run failed (durable.refusals).
+            return JsonResponse({"verdict": decision.verdict, "digest": decision.digest, "stop": decision.stop,
+                                 "run_status": run.status, "refused": True, "error": refused})
         return JsonResponse({"verdict": decision.verdict, "digest": decision.digest, "stop": decision.stop,
                              "run_status": run.status})
 

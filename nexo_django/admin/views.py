@@ -42,7 +42,7 @@ from ..core.errors import (
     TransitionError,
 )
 from ..display import is_hidden, json_diff, json_for_editor, mark_hidden, reveal
-from ..durable import dispatch, outcomes, rule_history, runs
+from ..durable import dispatch, outcomes, refusals, rule_history, runs
 from ..jsonbody import read_json
 from ..models import AgentRun, CallStatus, Decision, RunStatus, ToolCall, args_digest
 from ..views import conversation_entries, neighbours
@@ -372,6 +372,9 @@ def _decision_page(
         "arguments_url": model_admin.pending_arguments_url(call.pk),
         "edit_url": model_admin.call_edit_url(call.pk),
         "preview": call_preview,
+        # The file is not the version the notices showed: the approver is told whose diff this is.
+        "changed_since_asked": call_preview.version is not None and call.suspension_version is not None
+        and call_preview.version != call.suspension_version,
         "form": form,
         "editing": editing,
         "other_pending": other,
@@ -432,6 +435,13 @@ def _decide(
     except (StaleDecision, InvalidEditedArguments, ApprovalRefused) as exc:
         messages.error(request, f"Nothing changed: {mark_hidden(exc)}")
         return HttpResponseRedirect(here)
+    if sandbox_said := refusals.refused(call):
+        # Recorded (the approval, the call and its run failed): said as an error, not a success.
+        messages.error(request, format_html(
+            "Approved, but the sandbox refused {} ({}) now, so it could not run: the run failed. {}. {}",
+            reveal(call.name), reveal(call.tool_call_id), mark_hidden(sandbox_said), model_admin.run_link(call.run_id),
+        ))
+        return HttpResponseRedirect(_changelist_url(model_admin))
     verb = {APPROVE: "Approved", APPROVE_EDITED: "Approved with edited arguments", DENY_STOP: "Denied (run stopped)",
             APPROVE_ALWAYS: "Approved (and a standing rule now allows such calls)"}
     messages.success(request, format_html(
@@ -469,14 +479,28 @@ def _decide_all_or_nothing(
     model_admin: PendingApprovalAdmin, request: HttpRequest, calls: list[ToolCall], *, approved: bool, note: str,
     digests: dict[int, str | None],
 ) -> None:
+    ended: set[Any] = set()  # runs a refused call failed (durable.refusals): their other calls ended too
     try:
         with transaction.atomic():
             for call in calls:
+                if call.run_id in ended:
+                    continue
                 runs.decide(call, approved=approved, by=request.user, note=note, digest=digests.get(call.pk),
                             source="admin-bulk")
+                if refusals.refused(call):
+                    ended.add(call.run_id)
     except TransitionError as exc:
         # The whole transaction rolled back: no decision, no wake-up was sent.
         messages.error(request, f"Nothing was decided: {mark_hidden(exc)}")
+        return
+    for call in calls:
+        if refused := refusals.refused(call):
+            messages.error(request, format_html(
+                "The sandbox refused {} ({}) now, so it could not run: its run failed. {}. {}",
+                reveal(call.name), reveal(call.tool_call_id), mark_hidden(refused), model_admin.run_link(call.run_id),
+            ))
+    calls = [c for c in calls if c.run_id not in ended]
+    if not calls:
         return
     verb = "Approved" if approved else "Denied"
     run_ids = list(dict.fromkeys(c.run_id for c in calls))

@@ -38,6 +38,7 @@ from django.utils.module_loading import import_string
 
 from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, NexoError, StaleDecision
 from ..display import mark_hidden
+from ..durable import binding, refusals
 from ..durable.outbox import DeliveryFailed, NothingToSay, notice_key
 from ..jsonbody import read_json
 from ..models import (
@@ -131,6 +132,10 @@ class SlackChannel(Channel):
             {"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(
                 [f"Deadline: {_when(call.expires_at)}", f"Run {str(run.pk)[:8]}", *links])}]},
         ]
+        bound = binding.version_note(call)
+        if bound:  # the version this message shows the write against, which Approve binds
+            blocks.insert(2, {"type": "context", "elements": [{"type": "plain_text", "emoji": False,
+                                                               "text": plain(bound, 300)}]})
         state = self.state(call, run)
         if state is None:
             value = f"{call.pk}:{call.digest}"
@@ -339,6 +344,10 @@ class SlackChannel(Channel):
                     self.update(current, current.run, where)
                 except DeliveryFailed as exc:
                     log.warning("slack: updating the message of %s failed: %s", call.pk, exc)
+            return HttpResponse(status=200)
+        if refused := refusals.refused(call):  # recorded; the message is updated by its notice
+            return self._tell(where, slack_user, f"Approved, but the sandbox refused it now, so it could not run: "
+                                                 f"the run failed. {plain(refused, 2000)}")
         return HttpResponse(status=200)
 
     def _tell(self, where: dict[str, Any], slack_user: str, text: str) -> HttpResponse:

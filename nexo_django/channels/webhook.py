@@ -37,9 +37,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.module_loading import import_string
 
 from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, StaleDecision
+from ..durable import refusals
 from ..durable.outbox import DeliveryFailed, Refused
 from ..jsonbody import read_json
-from ..models import AgentRun, Notice, ToolCall, WorkflowStep
+from ..models import AgentRun, CallStatus, Notice, ToolCall, WorkflowStep
 from .base import Channel, admin_url, question_of, question_urls, run_urls, subject
 from .signing import SignatureError, sign, verify_signature
 
@@ -57,6 +58,11 @@ def describe_call(call: ToolCall, *, args: bool) -> dict[str, Any]:
         "digest": call.digest, "status": call.status,
         "expires_at": call.expires_at.isoformat() if call.expires_at else None, "admin_url": admin_url(call),
     }
+    if call.name == "write" and call.capability == "write":
+        # The version of the file the notice shows the write against: what an approval binds.
+        found["file_version"] = call.suspension_version
+    if call.status == CallStatus.FAILED and (refused := refusals.refused(call)):
+        found["refused"] = refused  # the sandbox refused it at decision time: its run failed
     if args:
         found["args"] = call.args
     return found
@@ -148,7 +154,8 @@ class WebhookChannel(Channel):
 
     def decide(self, request: HttpRequest) -> HttpResponse:
         """``{"call": <id>, "digest": "...", "verdict": "approve" | "deny", "user": "...", "note": ""}``:
-        200 with the decision; 400 a malformed body; 403 a person who may not decide; 404 no such
+        200 with the decision (with ``"refused": true`` and the ``"error"`` when the sandbox refused
+        the approved call's target now: the call and its run failed); 400 a malformed body; 403 a person who may not decide; 404 no such
         call; 409 already decided, expired, or a stale digest (nothing recorded then)."""
         try:
             body = read_json(request.body)
@@ -169,4 +176,8 @@ class WebhookChannel(Channel):
             return JsonResponse({"error": str(exc) or "may not decide"}, status=403)
         except (AlreadyDecided, ApprovalExpired, ApprovalRefused, StaleDecision) as exc:
             return JsonResponse({"error": str(exc)}, status=409)
+        if refused := refusals.refused(call):
+            # Recorded: the approval, and the call and its run failed (durable.refusals).
+            return JsonResponse({"verdict": decision.verdict, "source": decision.source, "call": call.pk,
+                                 "refused": True, "error": refused, "run_status": "failed"})
         return JsonResponse({"verdict": decision.verdict, "source": decision.source, "call": call.pk})

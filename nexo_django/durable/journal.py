@@ -35,7 +35,7 @@ from ..models import (
     args_digest,
 )
 from ..storable import UnstorableValue, refuse_call_ids
-from . import driver, live, outbox, sql
+from . import binding, driver, live, outbox, sql
 from .deadlines import deadline
 from .prefix import prefix as conversation_prefix
 
@@ -596,6 +596,8 @@ class DbJournal(Journal):
                     args=p.args, digest=args_digest(p.args), status=CallStatus.PENDING_APPROVAL,
                     idempotent=bool(tool and tool.idempotent), expires_at=expires_at,
                     server=str(getattr(tool, "server", "") or "")[:200] if p.capability == "mcp" else "",
+                    # What the notices show, and an approval is bound to (durable.binding).
+                    suspension_version=binding.version_now(self.agent, p.name, p.capability, p.args),
                 )
             )
 

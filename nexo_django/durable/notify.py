@@ -35,6 +35,7 @@ from django.urls import reverse
 from ..conf import nexo_settings
 from ..display import mark_hidden
 from ..models import AgentRun, ToolCall
+from . import binding
 
 log = logging.getLogger("nexo_django.notify")
 
@@ -117,10 +118,14 @@ def message_parts(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> tu
         # JSON writes a newline inside a string as \\n: the arguments are one line.
         args = short(mark_hidden(json.dumps(call.args, ensure_ascii=False, default=str)), ARGS_CHARS)
         url = decision_url(call)
-        lines += [f"{index}. {name} {args}", f"   Deadline: {deadline_text(call.expires_at)}", f"   Decide: {url}", ""]
+        # The version the arguments were shown against (a write); the page shows the file as it is then.
+        bound = mark_hidden(binding.version_note(call))
+        lines += [f"{index}. {name} {args}", *([f"   {bound}"] if bound else []),
+                  f"   Deadline: {deadline_text(call.expires_at)}", f"   Decide: {url}", ""]
         items.append(
             f"<li><strong>{html.escape(name)}</strong> <code>{html.escape(args)}</code><br>"
-            f"Deadline: {deadline_text(call.expires_at)}<br>"
+            + (f"{html.escape(bound)}<br>" if bound else "")
+            + f"Deadline: {deadline_text(call.expires_at)}<br>"
             f'<a href="{html.escape(url)}">Open the decision page</a></li>'
         )
     lines.append("The link opens the call's page; nothing is decided until you press a button there.")

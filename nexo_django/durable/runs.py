@@ -58,7 +58,18 @@ from ..models import (
 )
 from ..signals import approval_decided, approval_requested, run_status_changed
 from ..storable import UnstorableValue
-from . import agent_classes, binding, dispatch, driver, outbox, parents, rule_history, rules, sql
+from . import (
+    agent_classes,
+    binding,
+    dispatch,
+    driver,
+    outbox,
+    parents,
+    refusals,
+    rule_history,
+    rules,
+    sql,
+)
 from .fixed import PENDING_APPROVAL
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
@@ -425,6 +436,8 @@ def _apply_rules(run: AgentRun, calls: list[ToolCall]) -> list[ToolCall]:
             continue
         try:
             decide(call, approved=rule.verdict == Verdict.APPROVED, note=rule.note, source="rule", rule=rule)
+            if call.status == CallStatus.FAILED:
+                return []  # the sandbox refused it: the run ended (durable.refusals), nothing waits
         except AlreadyDecided:
             pass  # a person was faster: theirs stands
         except ApprovalRefused:
@@ -516,8 +529,10 @@ def decide(
     ``source="expiry"`` is the reconciler's (nobody decided in time); ``rule`` the standing rule
     that made it. With ``NEXO["SELF_APPROVAL"]`` off the run's starter is refused
     (``PermissionDenied``, nothing recorded). ``file_version`` binds an approval of a ``write`` to
-    the file version the approver saw; an approval without one is bound to the file as it is now,
-    and one that could not run as approved is refused (``ApprovalRefused``): :mod:`.binding`."""
+    a later file version the approver was shown; an approval without one is bound to the version
+    at suspension, the one every notice showed. One whose target the sandbox refuses now is
+    recorded with the call and its run failed (``SecurityError``: :mod:`.refusals`); one that
+    cannot be looked at now is refused (``ApprovalRefused``, nothing recorded): :mod:`.binding`."""
     if args is not None and not approved:
         raise InvalidEditedArguments("edited arguments go with an approval, not a denial")
     check_file_version(call, approved=approved, args=args, file_version=file_version)
@@ -542,8 +557,17 @@ def decide(
     if approved and run is not None:
         # Runs as approved, or refused now (ApprovalRefused, nothing recorded): see durable.binding.
         bound = run
-        file_version = binding.bind(call, call.args if args is None else args, build=lambda: build_agent(bound),
-                                    shown=file_version)
+        try:
+            file_version = binding.bind(call, call.args if args is None else args, build=lambda: build_agent(bound),
+                                        shown=file_version)
+        except binding.SandboxRefusal as refusal:
+            # It could never run: the approval is recorded, and the call and its run fail.
+            return refusals.fail_refused(
+                call, refusal, now=now, digest=digest, lost=lambda: _not_decided(call, source, gone),
+                changed=_status_changed,
+                decided={"note": note, "args": args, "digest": args_digest(args) if args is not None else call.digest,
+                         "decided_by": _user(by), "source": source, "rule": rule},
+            )
     verdict = Verdict.APPROVED if approved else Verdict.DENIED
     # An expired call is told apart from a denied one in every list and count.
     status = CallStatus.APPROVED if approved else CallStatus.EXPIRED if source == "expiry" else CallStatus.DENIED
@@ -587,17 +611,7 @@ def decide(
     woken = batch.requeue(run_id, RunStatus.SUSPENDED, RunStatus.QUEUED, now, unless_pending=pending, besides=call.pk)
     notices = outbox.on_decided(batch, call, source, now)  # the channels hear of it: same commit
     if not batch.run():
-        current = ToolCall.objects.filter(pk=call.pk).first()
-        if current is None:
-            raise AgentRun.DoesNotExist(gone)
-        if current.status == CallStatus.EXPIRED and source != "expiry":
-            raise ApprovalExpired(f"{current.name} call {current.tool_call_id} expired (nobody decided in time, "
-                                  "or its run ended); it can no longer be decided")
-        if current.status != CallStatus.PENDING_APPROVAL:
-            raise AlreadyDecided(f"{current.name} call {current.tool_call_id} was already decided ({current.status})")
-        raise StaleDecision(
-            f"the arguments of {current.name} are not the ones you saw; reload the page and decide again"
-        )
+        _not_decided(call, source, gone)
     call.status = status
     outbox.wake(notices)
     generation = batch.generations.get(woken)
@@ -612,6 +626,21 @@ def decide(
         dispatch.enqueue_run(run_id, generation)
     transaction.on_commit(lambda: approval_decided.send(sender=ToolCall, tool_call=call, decision=decision))
     return decision
+
+
+def _not_decided(call: ToolCall, source: str, gone: str) -> None:
+    """Raise why a decision's compare-and-set did not match."""
+    current = ToolCall.objects.filter(pk=call.pk).first()
+    if current is None:
+        raise AgentRun.DoesNotExist(gone)
+    if current.status == CallStatus.EXPIRED and source != "expiry":
+        raise ApprovalExpired(f"{current.name} call {current.tool_call_id} expired (nobody decided in time, "
+                              "or its run ended); it can no longer be decided")
+    if current.status != CallStatus.PENDING_APPROVAL:
+        raise AlreadyDecided(f"{current.name} call {current.tool_call_id} was already decided ({current.status})")
+    raise StaleDecision(
+        f"the arguments of {current.name} are not the ones you saw; reload the page and decide again"
+    )
 
 
 def check_not_requester(call: ToolCall, user: Any) -> None:
@@ -657,6 +686,8 @@ def decide_all(run: AgentRun, *, approved: bool, by: Any = None, note: str = "")
             raise TransitionError(f"run {run.pk} has no pending calls (status {run.status})")
         for call in pending:
             decide(call, approved=approved, by=by, note=note, source="resume")
+            if call.status == CallStatus.FAILED:
+                break  # the sandbox refused it: the run ended and its other calls with it (durable.refusals)
     run.refresh_from_db()
     return run
 

@@ -76,12 +76,14 @@ def test_a_file_created_after_the_page_showed_a_new_file_is_refused_scripted(tmp
     assert "was created after the approver saw it" in _write_result(call)["error"]
 
 
-def test_an_approval_without_a_version_binds_the_file_as_it_is_then_scripted(tmp_path: Path) -> None:
+def test_an_approval_without_a_version_binds_the_version_at_suspension_scripted(tmp_path: Path) -> None:
     # Issue 32: it used to be recorded as approved and refused when it ran ("read it first").
+    # Issue 45: bound to the version every notice showed, not the file at decision time.
     (tmp_path / "notes.txt").write_text("old notes\n")
+    version = LocalSandbox(tmp_path).version("notes.txt")
     run = Scribe.run("write hi", cwd=tmp_path)
     [call] = run.pending_calls()
-    version = LocalSandbox(tmp_path).version("notes.txt")
+    assert call.suspension_version == version
     call.approve(by=approver())
     assert (tmp_path / "notes.txt").read_text() == "hi"
     assert "error" not in _write_result(call) and call.decision.file_version == version

@@ -1,5 +1,6 @@
 """Every approving path ends with the approved call running as approved, or refuses at decision
-time with the reason and records nothing (issue 32, items 1 and 6). The call is a ``write`` over a
+time with the reason and records nothing (issue 32, items 1 and 6), or, when the sandbox refuses
+its target, ends its run with ``SecurityError`` (issue 45). The call is a ``write`` over a
 file the model never read: before, only the admin's Approve button bound the file's version, and
 every other path recorded *approved* for a write the run then refused. Scripted agents, inline
 queue; the audit export's outcome column is checked against the file on disk."""
@@ -174,27 +175,23 @@ class Sneaky(Agent):
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
-def test_a_write_that_could_never_run_is_refused_at_decision_time_by_any_path_scripted(
+def test_a_write_that_could_never_run_ends_its_run_by_any_path_scripted(
     path: str, tmp_path: Path, settings: Any, mailoutbox: list[Any],
 ) -> None:
+    # Issue 45: it used to be refused (ApprovalRefused) and leave the run suspended for ever.
     settings.NEXO = {"NOTIFY": {"EMAIL": True, "SITE_URL": SITE}}
     (tmp_path / "secret").mkdir()
     ann = _approver()
     run = Sneaky.run("write", cwd=tmp_path)
     [call] = run.pending_calls()
-    if path in ("python", "async", "resume", "json"):
-        with pytest.raises(ApprovalRefused, match="cannot be approved.*contains '..'"):
-            PATHS[path](call, ann, mailoutbox)
-    else:
-        PATHS[path](call, ann, mailoutbox)  # the page answers with the reason (tests/admin)
+    PATHS[path](call, ann, mailoutbox)
     call.refresh_from_db()
     run.refresh_from_db()
-    assert call.status == CallStatus.PENDING_APPROVAL and not Decision.objects.exists()
-    assert run.status == RunStatus.SUSPENDED and not (tmp_path / "secret" / "key").exists()
-    assert _audit(ann) == []
-    call.deny(by=ann, note="no")  # a person can still deny it
-    run.refresh_from_db()
-    assert run.status == RunStatus.DONE
+    assert call.status == CallStatus.FAILED and Decision.objects.get().verdict == Verdict.APPROVED
+    assert run.status == RunStatus.FAILED and "SecurityError" in run.error and "contains '..'" in run.error
+    assert not (tmp_path / "secret" / "key").exists()
+    [row] = _audit(ann)
+    assert row["outcome"] == "error" and "SecurityError" in row["outcome_detail"]
 
 
 def test_the_admin_page_names_the_reason_of_a_refusal_scripted(tmp_path: Path) -> None:
@@ -204,8 +201,7 @@ def test_the_admin_page_names_the_reason_of_a_refusal_scripted(tmp_path: Path) -
     client = client_for(ann)
     response = csrf_post(client, decision_url(call), _page_form(client, decision_url(call)), follow=True)
     page = response.content.decode()
-    assert "Nothing changed" in page and "cannot be approved" in page and "deny it instead" in page
-    assert not Decision.objects.exists()
+    assert "Approved, but the sandbox refused" in page and "the run failed" in page and "contains &#x27;..&#x27;" in page
 
 
 def test_edited_arguments_are_bound_to_the_file_they_name_scripted(tmp_path: Path) -> None:
@@ -219,7 +215,7 @@ def test_edited_arguments_are_bound_to_the_file_they_name_scripted(tmp_path: Pat
     assert Decision.objects.get().verdict == Verdict.APPROVED
 
 
-def test_a_write_through_a_link_out_of_the_workspace_is_refused_at_decision_time_scripted(tmp_path: Path) -> None:
+def test_a_write_through_a_link_out_of_the_workspace_ends_its_run_at_decision_time_scripted(tmp_path: Path) -> None:
     workspace, outside = tmp_path / "ws", tmp_path / "outside"
     workspace.mkdir()
     outside.mkdir()
@@ -228,6 +224,7 @@ def test_a_write_through_a_link_out_of_the_workspace_is_refused_at_decision_time
     model = ScriptedModel([tool_call("write", path="docs/key", content="owned"), reply("Done.")])
     run = Scribe.run("write", cwd=workspace, model=model)
     [call] = run.pending_calls()
-    with pytest.raises(ApprovalRefused, match="cannot be approved: the sandbox refuses 'docs/key'"):
-        call.approve(by=_approver())
-    assert (outside / "key").read_text() == "secret" and not Decision.objects.exists()
+    call.approve(by=_approver())
+    run.refresh_from_db()
+    assert (outside / "key").read_text() == "secret" and run.status == RunStatus.FAILED
+    assert "SecurityError" in run.error and "'docs'" in run.error
