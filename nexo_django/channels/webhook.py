@@ -156,6 +156,9 @@ class WebhookChannel(Channel):
             note = str(body.get("note", ""))[:2000]
             if body["verdict"] not in ("approve", "deny"):
                 raise ValueError(body["verdict"])
+            if "\x00" in digest or "\x00" in person:
+                # PostgreSQL's text holds no NUL: refused here, not as a raw error from a query.
+                raise ValueError("a NUL character")
         except (ValueError, KeyError, TypeError):
             return JsonResponse({"error": 'give {"call", "digest", "verdict": "approve" | "deny", "user"}'},
                                 status=400)

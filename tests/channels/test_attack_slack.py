@@ -234,3 +234,24 @@ def test_two_clicks_racing_in_one_channel_one_decision_one_resume(slack: SlackSe
     events = list(RunEvent.objects.filter(run=call.run).values_list("type", flat=True))
     assert events.count("decision") == 1 and events.count("done") == 1, events
     assert (tmp_path / "notes.txt").read_text() == "hi"
+
+
+@pytest.mark.parametrize("where", ["digest", "team", "user"])
+def test_a_nul_in_a_signed_payload_is_refused_cleanly(slack: SlackServer, dora: Any, tmp_path: Path, where: str) -> None:
+    """PostgreSQL's text refuses NUL: a NUL in what the payload names (the digest, the team or the
+    user) must be refused as a bad request, never reach a query as a raw database error."""
+    call = suspend(tmp_path)
+    team, user, digest = TEAM, "U1", call.digest
+    if where == "digest":
+        digest = "\x00" + digest[1:]
+    elif where == "team":
+        team = "T\x00"
+    else:
+        user = "U1\x00"
+        slack.users[user] = slack.users["U1"]
+    payload = {"type": "block_actions", "user": {"id": user, "team_id": team}, "team": {"id": team},
+               "actions": [{"action_id": "nexo_approve", "type": "button", "value": f"{call.pk}:{digest}",
+                            "action_ts": f"{time.time():.6f}"}]}
+    response = click(call, slack, body=urlencode({"payload": json.dumps(payload)}).encode())
+    assert response.status_code in (200, 400), (response.status_code, response.content[:300])
+    untouched(call, tmp_path)

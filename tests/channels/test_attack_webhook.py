@@ -135,7 +135,7 @@ def test_an_expired_call_and_a_decided_one_decide_nothing_more(deciding: Webhook
 @pytest.mark.parametrize("change", [
     {"call": "1 OR 1=1"}, {"call": None}, {"call": 10**30}, {"call": [1]}, {"call": 1.5}, {"verdict": "maybe"},
     {"verdict": None}, {"digest": None}, {"digest": 5}, {"user": None}, {"user": {"username": "dora"}},
-    {"user": "x" * 100_000},
+    {"user": "x" * 100_000}, {"user": "dora\x00"}, {"digest": "\x00"},
 ])
 def test_a_signed_body_of_the_wrong_shape_is_refused_cleanly(deciding: WebhookReceiver, dora: Any, tmp_path: Path,
                                                               change: dict[str, Any]) -> None:
