@@ -173,6 +173,27 @@ def test_oversized_and_deeply_nested_json_bodies_are_refused_cleanly(boss: Any, 
     unanswered(run, key="say")
 
 
+@pytest.mark.parametrize("text", [deep(100_000), '{"a": ' * 5000 + "1" + "}" * 5000, deep(65)],
+                         ids=["deep", "deep objects", "just too deep"])
+def test_a_deeply_nested_answer_in_the_admin_form_is_refused_with_the_reason(boss: Any, text: str) -> None:
+    run = Free.run({})
+    response = csrf_post(client_for(boss), f"{QUESTIONS}{step_of(run, 'say').pk}/change/", {"answer": text})
+    assert response.status_code == 200, (response.status_code, response.content[:300])
+    assert "deep" in response.content.decode()
+    unanswered(run, key="say")
+
+
+@pytest.mark.parametrize("levels", [600, 100_000])
+def test_a_deeply_nested_answer_from_python_is_refused_with_the_reason(boss: Any, levels: int) -> None:
+    run = Free.run({})
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    with pytest.raises(InvalidAnswer, match="deep"):
+        run.answer("say", value, by=boss)
+    unanswered(run, key="say")
+
+
 # --- once, and in time ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["python", "json"])
