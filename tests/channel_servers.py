@@ -226,8 +226,9 @@ class RawListener:
             with self.lock:
                 self.requests.append(request)
             try:
-                if self.drip is None:
+                if self.drip is None and self.script:
                     conn.sendall(self.script)
+                    return  # answered: the connection closes (each attempt is a connection of its own)
                 else:
                     for byte in self.script:
                         if self._stop.wait(self.drip) or time.monotonic() > deadline:
