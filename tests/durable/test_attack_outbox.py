@@ -36,7 +36,8 @@ def year_later() -> str:
     return format_datetime(timezone.now() + timedelta(days=365), usegmt=True)
 
 
-@pytest.mark.parametrize("retry_after", [str(YEAR), "year", "-5"], ids=["seconds", "garbage", "negative"])
+@pytest.mark.parametrize("retry_after", [str(YEAR), "99999999999999999999", "1e400", "inf", "nan", "year", "-5"],
+                         ids=["seconds", "huge", "over a float", "inf", "nan", "garbage", "negative"])
 def test_a_retry_after_of_a_year_is_capped_at_the_hour(settings: Any, tmp_path: Path, retry_after: str) -> None:
     answer = f"HTTP/1.1 503 Service Unavailable\r\nRetry-After: {retry_after}\r\nContent-Length: 0\r\n\r\n".encode()
     with RawListener(answer) as listener:
@@ -50,6 +51,26 @@ def test_a_retry_after_of_a_year_is_capped_at_the_hour(settings: Any, tmp_path: 
         reconcile(now=before + HOUR + timedelta(minutes=1), log_warnings=False)
         notice.refresh_from_db()
         assert notice.attempts == 2 and listener.connections == 2
+
+
+def test_a_hostile_retry_after_fails_neither_the_caller_nor_the_other_channels(settings: Any, tmp_path: Path) -> None:
+    """Retry-After: 1e20 once raised OverflowError out of the delivery: out of ``Scribe.run`` (the
+    notices go at commit, in this process) and out of the reconciler's round, so no other notice
+    of the round went out."""
+    answer = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 99999999999999999999\r\nContent-Length: 0\r\n\r\n"
+    good = b"HTTP/1.1 204 No Content\r\n\r\n"
+    with RawListener(answer) as hostile, RawListener(good) as fine:
+        channels = {name: {"BACKEND": "webhook", "URL": listener.url(), "SECRET": SECRET, "ALLOW_PRIVATE": ["127.0.0.1"]}
+                    for name, listener in (("a-hostile", hostile), ("b-fine", fine))}
+        settings.NEXO = {"CHANNELS": channels}
+        run = Scribe.run("write", cwd=tmp_path)
+        assert run.status == RunStatus.SUSPENDED
+        assert Notice.objects.get(channel="b-fine").status == NoticeStatus.DELIVERED
+        assert Notice.objects.get(channel="a-hostile").status == NoticeStatus.PENDING
+        run.pending_calls().get().approve()  # two more notices each; the reconciler's round too
+        reconcile(now=timezone.now() + HOUR + timedelta(minutes=1), log_warnings=False)
+    assert set(Notice.objects.filter(channel="b-fine").values_list("status", flat=True)) == {NoticeStatus.DELIVERED}
+    assert Notice.objects.filter(channel="b-fine").count() == 3
 
 
 def test_a_retry_after_date_a_year_ahead_is_capped_at_the_hour(settings: Any, tmp_path: Path) -> None:
