@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.forms.fields import InvalidJSONInput
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
+from django.forms.fields import InvalidJSONInput
 from django.http import (
     Http404,
     HttpRequest,
