@@ -254,3 +254,22 @@ def test_a_receiver_failing_for_ever_is_tried_max_attempts_times_then_failed(set
         assert notice.status == NoticeStatus.FAILED and notice.attempts == 12
         assert "HTTP 500" in notice.last_error, notice.last_error
         assert dead.connections == 12
+
+
+@pytest.mark.parametrize("variant", ["extra v1", "spaces", "reordered", "leading zero", "plus sign", "extra field"])
+def test_a_replay_with_its_signature_header_respelled_is_refused(deciding: WebhookReceiver, dora: Any,
+                                                                 tmp_path: Path, variant: str) -> None:
+    """The same signed body and timestamp, its header written another way that still verifies: a
+    replay all the same (the first request was refused, so a second that got through would decide)."""
+    call = suspend(tmp_path)
+    raw = body(call, user="nobody")  # accepted as a request; decides nothing (no such person)
+    header = sign(SECRET, raw)
+    t, v1 = header.split(",")
+    assert post(raw, header).status_code == 403
+    respelled = {"extra v1": f"{header},v1={'0' * 64}", "spaces": f" {t} , {v1} ", "reordered": f"{v1},{t}",
+                 "leading zero": f"t=0{t[2:]},{v1}", "plus sign": f"t=+{t[2:]},{v1}",
+                 "extra field": f"{header},v0=x"}[variant]
+    make_user("nobody", "nexo_django.decide_toolcall")  # had the replay been taken, it would now decide
+    response = post(raw, respelled)
+    assert response.status_code == 401 and b"replay" in response.content, response.content
+    untouched(call, tmp_path)
