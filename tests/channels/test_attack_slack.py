@@ -255,3 +255,44 @@ def test_a_nul_in_a_signed_payload_is_refused_cleanly(slack: SlackServer, dora: 
     response = click(call, slack, body=urlencode({"payload": json.dumps(payload)}).encode())
     assert response.status_code in (200, 400), (response.status_code, response.content[:300])
     untouched(call, tmp_path)
+
+
+@pytest.mark.parametrize("respell", ["leading zero", "plus sign", "spaces"])
+def test_a_replay_with_its_timestamp_respelled_is_refused(slack: SlackServer, dora: Any, tmp_path: Path,
+                                                         respell: str) -> None:
+    call = suspend(tmp_path)
+    slack.users.clear()  # the first request is accepted and decides nothing (an unknown person)
+    body = payload_body(call)
+    ts = str(int(time.time()))
+    signature = slack_signature(SIGNING, ts, body)
+    assert signed_post(body, {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": signature}).status_code == 200
+    person(slack, "dora2", "U1", "nexo_django.decide_toolcall")
+    dora.email = "someone-else@example.com"
+    dora.save()
+    other = {"leading zero": "0" + ts, "plus sign": "+" + ts, "spaces": f" {ts} "}[respell]
+    response = signed_post(body, {"X-Slack-Request-Timestamp": other, "X-Slack-Signature": signature})
+    assert response.status_code == 401
+    untouched(call, tmp_path)
+
+
+def test_the_same_request_twice_at_once_is_taken_once(slack: SlackServer, dora: Any, tmp_path: Path) -> None:
+    call = suspend(tmp_path)
+    body = payload_body(call)
+    ts = str(int(time.time()))
+    headers = {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": slack_signature(SIGNING, ts, body)}
+    barrier = threading.Barrier(2)
+    codes: list[int] = []
+
+    def send() -> None:
+        try:
+            barrier.wait(timeout=10)
+            codes.append(signed_post(body, headers).status_code)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(codes) == [200, 401] and Decision.objects.count() == 1
