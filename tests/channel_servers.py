@@ -6,6 +6,7 @@ receiver that verifies the app's signature and honours the idempotency key."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -161,3 +162,79 @@ def wait_for(predicate: Any, timeout: float = 10.0) -> Any:
             return value
         time.sleep(0.02)
     raise AssertionError("timed out waiting")
+
+
+class RawListener:
+    """A TCP listener on 127.0.0.1 that counts the connections it accepts and answers each with
+    ``script``: raw bytes sent at once (``b""``: it reads the request and never answers) or, with
+    ``drip``, one byte every ``drip`` seconds (a receiver that answers slowly byte by byte).
+    The attack tests assert on ``connections`` that nothing reached it."""
+
+    def __init__(self, script: bytes = b"", drip: float | None = None, hold: float = 30.0) -> None:
+        self.script = script
+        self.drip = drip
+        self.hold = hold  # how long a connection is kept open at most (bounded)
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((LOOPBACK, 0))
+        self.port = int(self._sock.getsockname()[1])
+
+    def url(self, host: str = LOOPBACK, path: str = "/hook") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+    def __enter__(self) -> Self:
+        self._sock.listen(16)
+        self._sock.settimeout(0.1)
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._sock.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self.lock:
+                self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        deadline = time.monotonic() + self.hold
+        with conn:
+            conn.settimeout(0.2)
+            request = b""
+            while b"\r\n\r\n" not in request and time.monotonic() < deadline and not self._stop.is_set():
+                try:
+                    chunk = conn.recv(65536)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                if not chunk:
+                    break
+                request += chunk
+            with self.lock:
+                self.requests.append(request)
+            try:
+                if self.drip is None and self.script:
+                    conn.sendall(self.script)
+                    return  # answered: the connection closes (each attempt is a connection of its own)
+                else:
+                    for byte in self.script:
+                        if self._stop.wait(self.drip) or time.monotonic() > deadline:
+                            return
+                        conn.sendall(bytes([byte]))
+                # Keep the connection open (no answer, or the rest of a slow one) until told to stop.
+                self._stop.wait(max(0.0, deadline - time.monotonic()))
+            except OSError:
+                return

@@ -13,6 +13,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
+from django.forms.fields import InvalidJSONInput
 from django.http import (
     Http404,
     HttpRequest,
@@ -32,6 +33,7 @@ from ..bounded import bounded_json, bounded_text
 from ..core.errors import AlreadyDecided, InvalidAnswer, WorkflowError
 from ..display import mark_hidden
 from ..durable import workflow_questions, workflow_runs
+from ..jsonbody import BadJSON, read_json
 from ..models import AgentRun, OpenQuestion, RunKind, StepKind, StepStatus, WorkflowStep
 from . import audit
 from .base import NexoModelAdmin
@@ -56,7 +58,30 @@ def answer_field(schema: Any) -> forms.Field:
         return forms.IntegerField(help_text=help_text)
     if kind == "number":
         return forms.FloatField(help_text=help_text)
-    return forms.JSONField(widget=forms.Textarea(attrs={"rows": 6, "cols": 60}), help_text=help_text or "JSON")
+    return BoundedJSONField(widget=forms.Textarea(attrs={"rows": 6, "cols": 60}), help_text=help_text or "JSON")
+
+
+class BoundedJSONField(forms.JSONField):
+    """A JSON text area read by the one JSON reader (:mod:`nexo_django.jsonbody`): its size and
+    nesting bounded before it is parsed. Django's own ``json.loads`` raised ``RecursionError`` (a
+    500) on an answer nested 100,000 deep; here the form says why."""
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and value.strip() and not self.disabled:
+            try:
+                read_json(value, what="the answer")
+            except BadJSON as exc:
+                raise ValidationError(str(exc), code="invalid") from None
+        return super().to_python(value)
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        # The form shown again with its error parses what was sent once more: bounded too.
+        if isinstance(data, str) and not self.disabled:
+            try:
+                read_json(data, what="the answer")
+            except BadJSON:
+                return InvalidJSONInput(data)
+        return super().bound_data(data, initial)
 
 
 class AnswerForm(forms.Form):

@@ -321,6 +321,9 @@ class SlackChannel(Channel):
             return HttpResponse("not an action of this app", status=400)
         if action_id not in (APPROVE, DENY) or not call_pk.isdigit():
             return HttpResponse("not an action of this app", status=400)
+        if any("\x00" in str(text) for text in (digest, slack_user, team)):
+            # PostgreSQL's text holds no NUL: refused here, not as a raw error from a query.
+            return HttpResponse("the payload's ids and digest may not hold a NUL character", status=400)
         call = ToolCall.objects.filter(pk=int(call_pk)).select_related("run").first()
         if call is None:
             return self._tell(where, slack_user, "This call no longer exists.")

@@ -136,10 +136,13 @@ class WebhookChannel(Channel):
         if not self.options["DECIDE"]:
             raise Refused(f"channel {self.name!r} takes no decisions (its DECIDE option is off)")
         try:
-            verify_signature(self.options["SECRET"], request.headers.get("X-Nexo-Signature"), request.body)
+            t = verify_signature(self.options["SECRET"], request.headers.get("X-Nexo-Signature"), request.body)
         except SignatureError as exc:
             raise Refused(str(exc)) from None
-        self.remember(request.headers["X-Nexo-Signature"])
+        # Remembered as the one header the app would write for this body and time, not as sent:
+        # the same signature spelled another way (spaces, order, another v1, "t=0...") verifies
+        # too, and was taken again as a new request.
+        self.remember(sign(self.options["SECRET"], request.body, t))
 
     def get_user(self, body: dict[str, Any]) -> Any:
         """The Django user the sending system says decided (``body["user"]``), or None. By default
@@ -163,6 +166,9 @@ class WebhookChannel(Channel):
             note = str(body.get("note", ""))[:2000]
             if body["verdict"] not in ("approve", "deny"):
                 raise ValueError(body["verdict"])
+            if "\x00" in digest or "\x00" in person:
+                # PostgreSQL's text holds no NUL: refused here, not as a raw error from a query.
+                raise ValueError("a NUL character")
         except (ValueError, KeyError, TypeError):
             return JsonResponse({"error": 'give {"call", "digest", "verdict": "approve" | "deny", "user"}'},
                                 status=400)

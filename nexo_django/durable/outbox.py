@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -315,6 +316,20 @@ def claim(where: Q, now: datetime, limit: int = ROUND) -> list[Notice]:
     return list(Notice.objects.filter(pk__in=pks, claim=token, status=NoticeStatus.PENDING).order_by("id"))
 
 
+def asked_delay(retry_after: Any) -> timedelta:
+    """The wait a receiver's ``Retry-After`` asks for, at most :data:`MAX_DELAY`; nothing for one
+    that is not a finite number of seconds. Capped before it becomes a timedelta: a receiver's
+    ``Retry-After: 1e20`` (or ``inf``, ``nan``) raised OverflowError out of the delivery, out of
+    the committing caller and out of the reconciler's round."""
+    try:
+        seconds = float(retry_after)
+    except (TypeError, ValueError, OverflowError):
+        return timedelta(0)
+    if not math.isfinite(seconds) and not seconds > 0:  # nan, -inf
+        return timedelta(0)
+    return timedelta(seconds=min(max(seconds, 0.0), MAX_DELAY.total_seconds()))
+
+
 def deliver_one(notice: Notice, now: datetime) -> str:
     """Deliver one notice this process claimed; its status afterwards."""
     mine = Notice.objects.filter(pk=notice.pk, status=NoticeStatus.PENDING, claim=notice.claim)
@@ -333,9 +348,7 @@ def deliver_one(notice: Notice, now: datetime) -> str:
                         notice.attempts, message)
             return NoticeStatus.FAILED
         delay = backoff(notice.attempts, options.get("BACKOFF") or COMMON["BACKOFF"])
-        retry_after = getattr(exc, "retry_after", None)
-        if retry_after is not None:
-            delay = min(max(delay, timedelta(seconds=float(retry_after))), MAX_DELAY)
+        delay = min(max(delay, asked_delay(getattr(exc, "retry_after", None))), MAX_DELAY)
         mine.update(next_attempt_at=now + delay, last_error=message)
         log.info("outbox: %s to %s failed (attempt %d), again in %s: %s", notice.kind, notice.channel,
                  notice.attempts, delay, message)

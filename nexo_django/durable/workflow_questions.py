@@ -41,6 +41,11 @@ def answer_question(step: WorkflowStep, value: Any, *, by: Any) -> WorkflowStep:
 
 def check_answer(step: WorkflowStep, value: Any) -> None:
     """``InvalidAnswer`` with the reason if ``value`` does not match the question's schema."""
+    # Before anything walks it recursively (is_json, jsonschema): a value nested 100,000 deep
+    # from Python raised RecursionError here; no deeper than what could be stored.
+    if type(value) in (dict, list, tuple) and storable.deeper_than(value, storable.MAX_DEPTH):
+        raise InvalidAnswer(f"the answer to {step.name!r} nests lists and objects more than {storable.MAX_DEPTH} "
+                            "levels deep; send flatter data")
     if not storable.is_json(value):
         raise InvalidAnswer(f"the answer to {step.name!r} must be JSON, not {type(value).__name__}")
     if step.schema is None:
