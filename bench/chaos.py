@@ -81,9 +81,8 @@ class Chaos:
     # --- servers and workers -----------------------------------------------------------------
 
     def start(self) -> None:
-        from tests.servers import PostgresServer, RedisServer
-
         from tests.channel_servers import SlackServer, WebhookReceiver
+        from tests.servers import PostgresServer, RedisServer
 
         self.pg = PostgresServer(database="chaos", fsync=True).start()
         self.redis = RedisServer().start()
@@ -155,9 +154,7 @@ class Chaos:
 
     def approve_pending(self) -> None:
         from nexo_django.core.errors import AlreadyDecided, StaleDecision, TransitionError
-        from nexo_django.models import AgentRun, CallStatus, ToolCall
-
-        from nexo_django.models import Notice
+        from nexo_django.models import AgentRun, CallStatus, Notice, ToolCall
 
         # A person decides what a message showed: a request whose Slack post is still pending waits.
         unposted = Notice.objects.filter(channel="slack", kind="approval.requested", status="pending")
@@ -192,9 +189,7 @@ class Chaos:
         """A person answers each waiting workflow question (of two at once, one is recorded)."""
         from nexo_django.core.errors import AlreadyDecided
         from nexo_django.durable.workflow_runs import WorkflowRun
-        from nexo_django.models import StepKind, StepStatus, WorkflowStep
-
-        from nexo_django.models import Notice
+        from nexo_django.models import Notice, StepKind, StepStatus, WorkflowStep
 
         unposted = Notice.objects.filter(channel="slack", kind="question.asked", status="pending")
         for step in WorkflowStep.objects.filter(kind=StepKind.QUESTION, status=StepStatus.WAITING)[:50]:

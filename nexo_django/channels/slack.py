@@ -248,8 +248,10 @@ class SlackChannel(Channel):
                                      retry_after=exc.retry_after) from None
             for message in data.get("messages") or []:
                 meta = message.get("metadata") if isinstance(message, dict) else None
-                payload = meta.get("event_payload") if isinstance(meta, dict) else None
-                if isinstance(payload, dict) and meta.get("event_type") == EVENT_TYPE and payload.get("key") == notice.key:
+                if not isinstance(meta, dict) or meta.get("event_type") != EVENT_TYPE:
+                    continue
+                payload = meta.get("event_payload")
+                if isinstance(payload, dict) and payload.get("key") == notice.key:
                     return {"channel": where, "ts": message.get("ts")}
             cursor = (data.get("response_metadata") or {}).get("next_cursor")
             if not data.get("has_more") or not cursor:
