@@ -14,6 +14,13 @@ seconds and started again, Redis is FLUSHALLed ``--flushes`` times and PostgreSQ
 ``--pg-restarts`` times (fast and immediate shutdowns, alternately). Then a drain phase with no
 chaos, bounded by ``--drain`` seconds, lets the runs finish.
 
+Workflows too (``--workflows`` of ``bench.chaos_workflows.ChaosWorkflow``: a checkpoint, a question
+the approver thread answers, a checkpoint, an agent run inside, a checkpoint; each checkpoint's
+function appends to a ledger), and the outbox: every notice goes to a loopback Slack server and a
+loopback webhook receiver (tests/channel_servers.py). Workers die (``--die-at-boundary``) right
+after a workflow step's record committed and between a notice's send and its record, during the
+chaos and the drain (where most workflow passes run; each such kill follows a commit).
+
     python -m bench.chaos [--seconds 120] [--runs 40] [--workers 4] [--kill-every 0.4] ...
 
 The figure: ``figure=chaos runs= done= left_queued_or_running= double_executions= lost_writes=
@@ -21,7 +28,13 @@ model_requests_repeated= ...``. ``double_executions``: ledger entries present tw
 chose to run again (``rerun_duplicates`` counts those a person did choose); ``lost_writes``: calls
 the database says succeeded whose file or ledger line is not on disk; ``model_requests_repeated``:
 turns the scripted model was asked for more than once (a worker killed after the model answered,
-before the answer was written).
+before the answer was written). The workflows' part: ``workflows_unfinished`` (not done when the
+drain ended), ``checkpoint_double_runs`` (a checkpoint's function that ran after its result was
+recorded), ``checkpoint_reruns_unrecorded`` (ran again because its worker died before the record:
+at least once, as documented; not a fault), ``questions_answered_twice`` (an answer recorded for a
+question answered before), ``notices_posted_twice`` (two Slack messages carrying one notice key),
+``notices_undelivered`` (pending or failed once the reconciler had its minute after the drain),
+``webhook_redeliveries`` (a webhook event sent again with its key, which the receiver dropped).
 """
 
 from __future__ import annotations
@@ -59,15 +72,31 @@ class Chaos:
         self.errors: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.started = 0
+        self.wf_started = 0
+        self.wf_ledger = self.dir / "workflow-ledger.txt"
+        self.boundary_file = self.dir / "die-at-boundary"
+        self.kill_log = self.dir / "kills.txt"
+        self.answers: Counter[tuple[str, str]] = Counter()  # (run, question) -> answers recorded
 
     # --- servers and workers -----------------------------------------------------------------
 
     def start(self) -> None:
+        from tests.channel_servers import SlackServer, WebhookReceiver
         from tests.servers import PostgresServer, RedisServer
 
         self.pg = PostgresServer(database="chaos", fsync=True).start()
         self.redis = RedisServer().start()
-        os.environ["BENCH_NEXO"] = json.dumps({"LEASE_SECONDS": self.args.lease, "MAX_RECOVERIES": 5})
+        self.slack = SlackServer().start()
+        self.hook = WebhookReceiver("chaos-secret").start()
+        channels = {
+            "slack": {"BACKEND": "slack", "TOKEN": self.slack.token, "SIGNING_SECRET": "chaos", "CHANNEL": "C0001",
+                      "BASE_URL": self.slack.base_url, "ALLOW_PRIVATE": ["127.0.0.1"], "BACKOFF": 1},
+            "hook": {"BACKEND": "webhook", "URL": self.hook.url, "SECRET": "chaos-secret",
+                     "ALLOW_PRIVATE": ["127.0.0.1"], "BACKOFF": 1},
+        }
+        os.environ["BENCH_NEXO"] = json.dumps({"LEASE_SECONDS": self.args.lease, "MAX_RECOVERIES": 5,
+                                               "CHANNELS": channels})
+        os.environ["NEXO_CHAOS_WF_LEDGER"] = str(self.wf_ledger)
         os.environ["NEXO_CHAOS_LEDGER"] = str(self.ledger)
         os.environ["NEXO_CHAOS_MODEL_LOG"] = str(self.model_log)
         setup_django(self.pg.url + "?connect_timeout=3", redis_url=self.redis.url)
@@ -77,7 +106,14 @@ class Chaos:
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings", "PYTHONPATH": pythonpath,
                "PYTHONUNBUFFERED": "1"}  # fmt: skip
         env["NEXO_CHAOS_DIE_FILE"] = str(self.die_file)
+        env["NEXO_CHAOS_BOUNDARY_FILE"] = str(self.boundary_file)
+        env["NEXO_CHAOS_KILL_LOG"] = str(self.kill_log)
         self.die_file.write_text(str(self.args.die_after_dequeue))
+        self.boundary_file.write_text(str(self.args.die_at_boundary))
+        from django.contrib.auth.models import Permission, User
+
+        self.approver, _ = User.objects.get_or_create(username="chaos-approver")
+        self.approver.user_permissions.add(Permission.objects.get(codename="decide_toolcall"))
         classes = WORKER_CLASSES if self.args.worker_class == "mixed" else [self.args.worker_class]
         self.groups = []
         for k, worker_class in enumerate(classes):
@@ -93,7 +129,8 @@ class Chaos:
 
     def close(self) -> None:
         self.stop.set()
-        for thing in [*getattr(self, "groups", []), getattr(self, "redis", None), getattr(self, "pg", None)]:
+        for thing in [*getattr(self, "groups", []), getattr(self, "redis", None), getattr(self, "pg", None),
+                      getattr(self, "slack", None), getattr(self, "hook", None)]:
             if thing is not None:
                 thing.stop()
 
@@ -117,14 +154,19 @@ class Chaos:
 
     def approve_pending(self) -> None:
         from nexo_django.core.errors import AlreadyDecided, StaleDecision, TransitionError
-        from nexo_django.models import AgentRun, CallStatus, ToolCall
+        from nexo_django.models import AgentRun, CallStatus, Notice, ToolCall
 
+        # A person decides what a message showed: a request whose Slack post is still pending waits.
+        unposted = Notice.objects.filter(channel="slack", kind="approval.requested", status="pending")
         for call in ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL).order_by("created_at")[:50]:
+            if unposted.filter(run_id=call.run_id, tool_call_id=call.tool_call_id).exists():
+                continue
             try:
                 call.approve(note="chaos approver", source="chaos")
                 self.count("approved")
             except (AlreadyDecided, StaleDecision):
                 pass
+        self.answer_questions()
         for run in AgentRun.objects.filter(status="needs_attention"):
             for call in ToolCall.objects.filter(run=run, status=CallStatus.OUTCOME_UNKNOWN):
                 happened = self.happened(run, call)
@@ -142,6 +184,24 @@ class Chaos:
                     self.count("retried")
             except TransitionError:
                 pass
+
+    def answer_questions(self) -> None:
+        """A person answers each waiting workflow question (of two at once, one is recorded)."""
+        from nexo_django.core.errors import AlreadyDecided
+        from nexo_django.durable.workflow_runs import WorkflowRun
+        from nexo_django.models import Notice, StepKind, StepStatus, WorkflowStep
+
+        unposted = Notice.objects.filter(channel="slack", kind="question.asked", status="pending")
+        for step in WorkflowStep.objects.filter(kind=StepKind.QUESTION, status=StepStatus.WAITING)[:50]:
+            if unposted.filter(run_id=step.run_id, payload__key=step.name).exists():
+                continue  # asked in Slack first, as a person would see it
+            try:
+                WorkflowRun.get(step.run_id).answer(step.name, "yes", by=self.approver)
+            except AlreadyDecided:
+                continue
+            with self.lock:
+                self.answers[(str(step.run_id), step.name)] += 1
+            self.count("answered")
 
     def effect(self, call: Any) -> str:
         return str(call.args.get("entry") if call.name == "ledger" else call.args.get("path"))
@@ -175,7 +235,18 @@ class Chaos:
     def start_runs(self, upto: int) -> None:
         """Start runs until ``upto`` were started (while the database is up)."""
         from bench.agents import ChaosAgent
+        from bench.chaos_workflows import ChaosWorkflow
 
+        while self.wf_started < min(upto * self.args.workflows // max(1, self.args.runs) + 1, self.args.workflows):
+            try:
+                ChaosWorkflow.run_later({"name": f"wf-{self.wf_started}"})
+            except Exception as exc:  # the database is down: the next tick starts it
+                self.count(f"start:{type(exc).__name__}")
+                from django.db import connection
+
+                connection.close()
+                return
+            self.wf_started += 1
         while self.started < min(upto, self.args.runs):
             name = f"chaos-{self.started}"
             (self.workspaces / name).mkdir(exist_ok=True)
@@ -226,13 +297,20 @@ class Chaos:
         in production after a database restart); wait (bounded) until no run is left to finish."""
         self.die_file.unlink()
         self.start_runs(self.args.runs)
+        self.start_runs(10**9)  # the last workflows too
+        # The kills at a step boundary and after a notice's send go on (most workflow passes run
+        # now): each comes after a commit, so the runs still finish; a dead worker is started again.
+        try:
+            wait_until(lambda: self.respawn_dead() and self.unfinished() == 0, timeout=self.args.drain, interval=0.5,
+                       what="the runs")
+        except TimeoutError:
+            return False
+        return True
+
+    def respawn_dead(self) -> bool:
         for group, index in self.slots:
             if not group.alive()[index]:
                 group.respawn(index)
-        try:
-            wait_until(lambda: self.unfinished() == 0, timeout=self.args.drain, interval=0.5, what="the runs")
-        except TimeoutError:
-            return False
         return True
 
     def unfinished(self) -> int:
@@ -258,10 +336,76 @@ class Chaos:
             for kind, data in events
         )
 
-    def verdict(self, seconds: float, drained: bool) -> None:
-        from nexo_django.models import AgentRun, CallStatus, RunEvent, ToolCall
+    def settle_notices(self) -> int:
+        """The reconciler's minute after the drain: a notice whose worker died between its send and
+        its record waits for its claim to expire (a minute), then is sent again. The notices still
+        pending or failed after that."""
+        from datetime import timedelta
 
-        statuses = Counter(AgentRun.objects.values_list("status", flat=True))
+        from django.utils import timezone
+
+        from nexo_django.durable import outbox
+        from nexo_django.models import Notice, NoticeStatus
+
+        later = timezone.now() + outbox.CLAIM + timedelta(seconds=5)
+        for k in range(40):  # bounded: the updates of a request wait for its post (retry_after 2 s)
+            if not outbox.deliver_due(now=later + timedelta(seconds=5 * k)) and not outbox.pending_due(
+                    later + timedelta(hours=2)).exists():
+                break
+        return Notice.objects.filter(status__in=(NoticeStatus.PENDING, NoticeStatus.FAILED)).count()
+
+    def workflow_verdict(self) -> dict[str, Any]:
+        from nexo_django.models import AgentRun, RunKind, StepKind, WorkflowStep
+
+        recorded = {(s.run.options.get("payload", {}).get("name"), s.name): s.created_at.timestamp()
+                    for s in WorkflowStep.objects.filter(kind=StepKind.CHECKPOINT).select_related("run")}
+        lines = self.wf_ledger.read_text().splitlines() if self.wf_ledger.exists() else []
+        double = reruns = 0
+        seen: Counter[tuple[str, str]] = Counter()
+        for line in lines:
+            name, step, at = line.split(" ")
+            at_recorded = recorded.get((name, step))
+            seen[(name, step)] += 1
+            if at_recorded is not None and float(at) > at_recorded:
+                double += 1
+                note(f"checkpoint ran after its record: {line}")
+            elif seen[(name, step)] > 1:
+                reruns += 1
+        missing = [key for key in recorded if key not in seen]
+        for key in missing:
+            note(f"checkpoint recorded but its function never ran: {key}")
+        workflows = AgentRun.objects.filter(kind=RunKind.WORKFLOW)
+        statuses = Counter(workflows.values_list("status", flat=True))
+        for run in workflows.exclude(status="done"):
+            note(f"workflow {run.options.get('payload')}: {run.status} {run.error}")
+        kills = Counter(self.kill_log.read_text().split() if self.kill_log.exists() else [])
+        return {
+            "workflows": self.args.workflows, "workflows_done": statuses["done"],
+            "workflows_unfinished": self.args.workflows - statuses["done"],
+            "checkpoint_double_runs": double, "checkpoint_reruns_unrecorded": reruns,
+            "checkpoints_lost": len(missing),
+            "questions_answered_twice": sum(n - 1 for n in self.answers.values() if n > 1),
+            "step_kills": kills["step"], "notice_kills": kills["notice"],
+        }
+
+    def outbox_verdict(self) -> dict[str, Any]:
+        undelivered = self.settle_notices()
+        keys = Counter(str(((m.get("metadata") or {}).get("event_payload") or {}).get("key"))
+                       for m in self.slack.messages.values() if m.get("metadata"))
+        for key, n in keys.items():
+            if n > 1:
+                note(f"posted {n} times to Slack: {key}")
+        hooks = Counter(str(e.get("id")) for e in self.hook.posts)
+        return {"notices_posted_twice": sum(n - 1 for n in keys.values() if n > 1), "notices_undelivered": undelivered,
+                "slack_posts": len(self.slack.messages), "webhook_events": len(self.hook.received),
+                "webhook_redeliveries": sum(n - 1 for n in hooks.values() if n > 1),
+                "slack_history_lookups": len(self.slack.calls("conversations.history"))}
+
+    def verdict(self, seconds: float, drained: bool) -> None:
+        from nexo_django.models import AgentRun, CallStatus, RunEvent, RunKind, ToolCall
+
+        workflows, notices = self.workflow_verdict(), self.outbox_verdict()
+        statuses = Counter(AgentRun.objects.filter(kind=RunKind.AGENT, parent__isnull=True).values_list("status", flat=True))
         entries = Counter(self.ledger_lines())
         duplicates = {line: n for line, n in entries.items() if n > 1}
         rerun_duplicates = sum(n - 1 for line, n in duplicates.items() if tuple(line.split(" ", 1)) in self.reruns)
@@ -272,7 +416,7 @@ class Chaos:
                 lost.append(f"{call.run.prompt} {call.name} {self.effect(call)}")
         asked = Counter(self.model_log.read_text().splitlines() if self.model_log.exists() else [])
         repeated = sum(n - 1 for n in asked.values() if n > 1)
-        for run in AgentRun.objects.filter(status="failed"):
+        for run in AgentRun.objects.filter(status="failed", kind=RunKind.AGENT):
             note(f"failed: {run.prompt}: {run.error}")
         for line in lost:
             note(f"lost write: {line}")
@@ -290,12 +434,13 @@ class Chaos:
             found_dead=self.counts["found_dead"],
             failed=statuses["failed"], cancelled=statuses["cancelled"],
             needs_attention=statuses["needs_attention"], suspended=statuses["suspended"],
-            left_queued_or_running=sum(statuses[s] for s in ACTIVE), drained=drained,
+            left_queued_or_running=AgentRun.objects.filter(status__in=ACTIVE).count(), drained=drained,
             double_executions=double, rerun_duplicates=rerun_duplicates, lost_writes=len(lost),
             model_requests_repeated=repeated, worker_kills=self.counts["worker_kills"],
             redis_flushes=self.counts["redis_flushes"], pg_restarts=self.counts["pg_restarts"],
             recovered=recovered, resent=self.counts["reconcile_resent"],
             outcome_unknown_resolved=self.counts["resolved_unknown"], reruns=len(self.reruns),
+            **workflows, **notices,
         )  # fmt: skip
 
 
@@ -314,6 +459,10 @@ def main() -> None:
     parser.add_argument("--die-after-dequeue", type=float, default=0.05,
                         help="probability that a worker is killed right after it took a job")
     parser.add_argument("--seed", type=int, default=12)
+    parser.add_argument("--workflows", type=int, default=10, help="workflow runs started along the chaos")
+    parser.add_argument("--die-at-boundary", type=float, default=0.3,
+                        help="probability that a worker is killed right after a workflow step's record "
+                             "and between a notice's send and its record")
     args = parser.parse_args()
 
     chaos = Chaos(args)
@@ -330,6 +479,7 @@ def main() -> None:
         chaos.unleash()
         note(f"chaos over after {time.monotonic() - started:.0f}s; draining (at most {args.drain:g}s)")
         drained = chaos.drain()
+        chaos.boundary_file.unlink()
         chaos.stop.set()
         for thread in threads:
             thread.join(timeout=30)

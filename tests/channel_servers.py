@@ -77,7 +77,11 @@ class SlackServer(_Loopback):
         self.users: dict[str, dict[str, Any]] = {}
         #: answer this many requests with 429 first
         self.rate_limited = 0
-        self._ts = 1000
+        #: the Web API methods answered ``{"ok": false, "error": "missing_scope"}`` (a scope not granted)
+        self.missing_scope: set[str] = set()
+        #: messages per page of conversations.history / .replies when the request gives no limit
+        self.page_size = 100
+        self._last_ts = 0.0
 
     @property
     def base_url(self) -> str:
@@ -107,8 +111,9 @@ class SlackServer(_Loopback):
         if method == "chat.postMessage":
             if not fields.get("channel"):
                 return {"ok": False, "error": "channel_not_found"}
-            self._ts += 1
-            ts = f"{self._ts}.000100"
+            # Slack's ts: the post's Unix time in microseconds, unique in its channel.
+            self._last_ts = max(time.time(), self._last_ts + 0.000001)
+            ts = f"{self._last_ts:.6f}"
             self.messages[(fields["channel"], ts)] = fields
             return {"ok": True, "channel": fields["channel"], "ts": ts, "message": {"text": fields.get("text")}}
         if method == "chat.update":
@@ -120,10 +125,52 @@ class SlackServer(_Loopback):
         if method == "chat.postEphemeral":
             self.ephemeral.append(fields)
             return {"ok": True, "message_ts": "1.1"}
+        if method in self.missing_scope:
+            return {"ok": False, "error": "missing_scope", "needed": "channels:history", "provided": "chat:write"}
+        if method in ("conversations.history", "conversations.replies"):
+            return self._history(method, fields)
         if method == "users.info":
             user = self.users.get(fields.get("user", ""))
             return {"ok": True, "user": user} if user else {"ok": False, "error": "user_not_found"}
         return {"ok": False, "error": "unknown_method"}
+
+    def _history(self, method: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """conversations.history (the channel's messages, not the replies in threads) or
+        .replies (a thread: its parent first, then replies, oldest first), as Slack answers them:
+        ``oldest``/``latest`` bounds, ``limit``, a ``cursor`` from ``response_metadata.next_cursor``,
+        ``has_more``, and each message's ``metadata`` only with ``include_all_metadata``."""
+        channel = fields.get("channel")
+        if not channel:
+            return {"ok": False, "error": "channel_not_found"}
+        found = [(ts, m) for (c, ts), m in self.messages.items() if c == channel]
+        if method == "conversations.history":
+            found = [(ts, m) for ts, m in found if not m.get("thread_ts")]
+            found.sort(key=lambda tm: float(tm[0]), reverse=True)
+        else:
+            parent = fields.get("ts")
+            if (channel, parent) not in self.messages:
+                return {"ok": False, "error": "thread_not_found"}
+            found = [(ts, m) for ts, m in found if ts == parent or m.get("thread_ts") == parent]
+            found.sort(key=lambda tm: float(tm[0]))
+        oldest, latest = float(fields.get("oldest") or 0), float(fields.get("latest") or time.time() + 1)
+        inclusive = str(fields.get("inclusive", "")).lower() in ("1", "true")
+        found = [(ts, m) for ts, m in found
+                 if (oldest <= float(ts) <= latest if inclusive else oldest < float(ts) < latest)]
+        start = int(fields["cursor"].removeprefix("next_ts:")) if fields.get("cursor") else 0
+        limit = int(fields.get("limit") or self.page_size)
+        page = found[start:start + limit]
+        metadata = str(fields.get("include_all_metadata", "")).lower() in ("1", "true")
+        messages = []
+        for ts, m in page:
+            shown = {"type": "message", "ts": ts, "text": m.get("text", ""), "bot_id": "B0001"}
+            if m.get("thread_ts"):
+                shown["thread_ts"] = m["thread_ts"]
+            if metadata and isinstance(m.get("metadata"), dict):
+                shown["metadata"] = m["metadata"]
+            messages.append(shown)
+        more = start + limit < len(found)
+        return {"ok": True, "messages": messages, "has_more": more, "pin_count": 0,
+                "response_metadata": {"next_cursor": f"next_ts:{start + limit}" if more else ""}}
 
 
 class WebhookReceiver(_Loopback):

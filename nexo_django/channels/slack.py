@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -57,6 +58,18 @@ from .signing import SignatureError, verify_slack
 log = logging.getLogger("nexo_django.channels.slack")
 
 APPROVE, DENY = "nexo_approve", "nexo_deny"
+#: the ``metadata.event_type`` of every message the outbox posts (its ``event_payload`` carries
+#: the notice's key): how a post whose record was lost is found again
+EVENT_TYPE = "nexo_notice"
+#: how long before its recorded intent an earlier post of a notice is looked for (clocks differ),
+#: and how many pages of history (``LOOKUP_LIMIT`` messages each) at most
+LOOKBACK_SECONDS = 300.0
+LOOKUP_PAGES = 5
+LOOKUP_LIMIT = 200
+
+
+class Answered(DeliveryFailed):
+    """Slack answered and did not do it (``ok: false``, a 429): nothing was posted."""
 VERDICTS = {"approved": "Approved", "denied": "Denied"}
 
 
@@ -103,7 +116,7 @@ class SlackChannel(Channel):
                 wait: float | None = float(response.headers.get("Retry-After", ""))
             except ValueError:
                 wait = None
-            raise DeliveryFailed(f"{method}: rate limited by Slack", retry_after=wait)
+            raise Answered(f"{method}: rate limited by Slack", retry_after=wait)
         if response.status_code != 200:
             raise DeliveryFailed(f"{method}: HTTP {response.status_code}")
         try:
@@ -112,7 +125,7 @@ class SlackChannel(Channel):
             raise DeliveryFailed(f"{method}: the answer is not JSON") from None
         if not isinstance(data, dict) or data.get("ok") is not True:
             error = data.get("error") if isinstance(data, dict) else None
-            raise DeliveryFailed(f"{method}: {error or 'not ok'}")
+            raise Answered(f"{method}: {error or 'not ok'}")
         return data
 
     # --- the message ---------------------------------------------------------------------
@@ -191,10 +204,66 @@ class SlackChannel(Channel):
 
     # --- send ----------------------------------------------------------------------------
 
-    def _reply(self, where: dict[str, Any], text: str) -> dict[str, Any]:
+    def _reply(self, notice: Notice, where: dict[str, Any], text: str) -> dict[str, Any]:
         """A reply (a reminder) in the thread of the message posted at ``where``; its receipt."""
-        data = self.api("chat.postMessage", channel=where["channel"], thread_ts=where["ts"], text=plain(text, 300))
+        return self.post(notice, channel=where["channel"], thread_ts=where["ts"], text=plain(text, 300))
+
+    def post(self, notice: Notice, **fields: Any) -> dict[str, Any]:
+        """``chat.postMessage`` of ``notice``, at most once. ``chat.postMessage`` takes no
+        idempotency key, so the intent is recorded (committed in the notice's receipt) before the
+        post, and the notice's key goes in the message's ``metadata``. A delivery that finds an
+        intent (its process died, or the answer was lost, after the post may have reached Slack)
+        looks for that message first (:meth:`find_post`) and posts only if there is none."""
+        receipt = notice.receipt if isinstance(notice.receipt, dict) else {}
+        intent = receipt.get("intent")
+        if isinstance(intent, int | float):
+            found = self.find_post(notice, fields, float(intent))
+            if found is not None:
+                return found
+        mine = Notice.objects.filter(pk=notice.pk, status=NoticeStatus.PENDING, claim=notice.claim)
+        if not mine.update(receipt={"intent": time.time()}):
+            raise DeliveryFailed("another delivery took this notice meanwhile")
+        try:
+            data = self.api("chat.postMessage", **fields,
+                            metadata={"event_type": EVENT_TYPE, "event_payload": {"key": notice.key}})
+        except Answered:
+            mine.update(receipt=None)  # Slack said no: nothing to look for next time
+            raise
         return {"channel": data.get("channel"), "ts": data.get("ts")}
+
+    def find_post(self, notice: Notice, fields: dict[str, Any], intent: float) -> dict[str, Any] | None:
+        """The receipt of a message of ``notice`` posted since shortly before ``intent`` (its
+        metadata carries the notice's key), or None. ``conversations.history`` (a reply:
+        ``conversations.replies`` of its thread) with ``include_all_metadata``, newest first, a
+        bounded number of pages (``cursor`` / ``response_metadata.next_cursor``). The app needs the
+        ``channels:history`` scope (``groups:history`` for a private channel): without it, or while
+        Slack cannot answer, the notice waits (and fails in the end) rather than posting twice."""
+        where = fields["channel"]
+        query: dict[str, Any] = {"channel": where, "include_all_metadata": "true", "limit": LOOKUP_LIMIT,
+                                 "oldest": f"{max(intent - LOOKBACK_SECONDS, 0):.6f}"}
+        method = "conversations.history"
+        if fields.get("thread_ts"):
+            method, query["ts"] = "conversations.replies", fields["thread_ts"]
+        for _ in range(LOOKUP_PAGES):
+            try:
+                data = self.api(method, form=True, **query)
+            except Answered as exc:
+                raise DeliveryFailed(f"{exc} (finding an earlier post of this notice before posting again: give the "
+                                     "app the channels:history or groups:history scope)",
+                                     retry_after=exc.retry_after) from None
+            for message in data.get("messages") or []:
+                meta = message.get("metadata") if isinstance(message, dict) else None
+                if not isinstance(meta, dict) or meta.get("event_type") != EVENT_TYPE:
+                    continue
+                payload = meta.get("event_payload")
+                if isinstance(payload, dict) and payload.get("key") == notice.key:
+                    return {"channel": where, "ts": message.get("ts")}
+            cursor = (data.get("response_metadata") or {}).get("next_cursor")
+            if not data.get("has_more") or not cursor:
+                return None
+            query["cursor"] = cursor
+        log.warning("slack: no earlier post of %s in %d pages of %s; posting it", notice.key, LOOKUP_PAGES, where)
+        return None
 
     def send(self, notice: Notice) -> dict[str, Any] | None:
         run, call = subject(notice)
@@ -206,9 +275,7 @@ class SlackChannel(Channel):
             if call is None or call.status != CallStatus.PENDING_APPROVAL:
                 raise NothingToSay("the call was settled before it was announced")
             text, blocks = self.blocks(call, run)
-            data = self.api("chat.postMessage", channel=self.options["CHANNEL"], text=text, blocks=blocks,
-                            metadata={"event_type": "nexo_approval", "event_payload": {"key": notice.key}})
-            return {"channel": data.get("channel"), "ts": data.get("ts")}
+            return self.post(notice, channel=self.options["CHANNEL"], text=text, blocks=blocks)
         requests = self._requests(notice)
         if any(r.status == NoticeStatus.PENDING for r in requests):
             raise DeliveryFailed("the request's message is not posted yet", retry_after=2)
@@ -218,7 +285,7 @@ class SlackChannel(Channel):
         if notice.kind == "approval.reminder":
             if call is None or call.status != CallStatus.PENDING_APPROVAL:
                 raise NothingToSay("the call was settled meanwhile")
-            return self._reply(posted[0].receipt or {},
+            return self._reply(notice, posted[0].receipt or {},
                                f"Reminder: {call.name} still waits for a decision (deadline {_when(call.expires_at)}).")
         updated = []
         for request in posted:
@@ -261,8 +328,7 @@ class SlackChannel(Channel):
             if step.status != StepStatus.WAITING:
                 raise NothingToSay("the question was answered or ended before it was announced")
             text, blocks = self.question_blocks(step, run)
-            data = self.api("chat.postMessage", channel=self.options["CHANNEL"], text=text, blocks=blocks)
-            return {"channel": data.get("channel"), "ts": data.get("ts")}
+            return self.post(notice, channel=self.options["CHANNEL"], text=text, blocks=blocks)
         asked = Notice.objects.filter(key=notice_key(self.name, "question.asked", run.pk, step.name)).first()
         if asked is not None and asked.status == NoticeStatus.PENDING:
             raise DeliveryFailed("the question's message is not posted yet", retry_after=2)
@@ -272,7 +338,7 @@ class SlackChannel(Channel):
         if notice.kind == "question.reminder":
             if step.status != StepStatus.WAITING:
                 raise NothingToSay("the question was answered or ended meanwhile")
-            return self._reply(where, f"Reminder: {step.name} still waits for an answer (deadline {_when(step.expires_at)}).")
+            return self._reply(notice, where, f"Reminder: {step.name} still waits for an answer (deadline {_when(step.expires_at)}).")
         text, blocks = self.question_blocks(step, run)
         data = self.api("chat.update", channel=where["channel"], ts=where["ts"], text=text, blocks=blocks)
         return {"updated": [{"channel": data.get("channel", where["channel"]), "ts": data.get("ts", where["ts"])}]}

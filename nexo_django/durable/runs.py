@@ -372,11 +372,13 @@ def _fail(run: AgentRun, journal: DbJournal | None, exc: BaseException, start: s
         if not _close_failed(journal, message):
             return "lease lost"
     elif start == "insert":
-        run.status, run.error, run.lease_owner, run.finished_at = RunStatus.FAILED, message, None, timezone.now()
-        run.save(force_insert=True)
-    elif AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
-        status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=timezone.now()
-    ):  # the agent could not be rebuilt: nothing was claimed yet
+        # No journal (the agent could not be built): the run's row and its run.failed notices
+        # commit together, as a journal's closing commit writes them.
+        with transaction.atomic():
+            run.status, run.error, run.lease_owner, run.finished_at = RunStatus.FAILED, message, None, timezone.now()
+            run.save(force_insert=True)
+            outbox.on_ended(run_id, "failed", run.finished_at)
+    elif _fail_queued(run_id, message):  # the agent could not be rebuilt: nothing was claimed yet
         if isinstance(exc, SecurityError):  # audited, as a security error of a call is
             _event(run_id, "security", error=message)
         _status_changed(run_id, RunStatus.QUEUED, RunStatus.FAILED)
@@ -387,6 +389,17 @@ def _fail(run: AgentRun, journal: DbJournal | None, exc: BaseException, start: s
     _status_changed(run_id, RunStatus.RUNNING, RunStatus.FAILED)
     parents.child_ended(run)
     return "failed"
+
+
+def _fail_queued(run_id: str, message: str) -> bool:
+    """Fail a queued run no journal claimed, with its run.failed notices in the same commit."""
+    with transaction.atomic():
+        now = timezone.now()
+        if not AgentRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+                status=RunStatus.FAILED, error=message, lease_owner=None, finished_at=now):
+            return False
+        outbox.on_ended(run_id, "failed", now)
+    return True
 
 
 def _hand_back(run: AgentRun, journal: DbJournal) -> str:

@@ -2,7 +2,9 @@
 
 Workers SIGKILLed every few hundred ms, Redis flushed, PostgreSQL (fsync on) restarted: at the
 end no run is left queued or running, no side effect ran twice, and no write the database says
-succeeded is missing on disk. The long run and its figures: ``python -m bench.chaos``.
+succeeded is missing on disk; workflows finish with each checkpoint recorded once and each
+question answered once, and no notice is posted twice (workers also die after a step's record and
+between a notice's send and its record). The long run and its figures: ``python -m bench.chaos``.
 """
 
 from __future__ import annotations
@@ -41,3 +43,9 @@ def test_short_chaos_run_loses_nothing_and_repeats_no_side_effect() -> None:
     assert figures["left_queued_or_running"] == "0", context
     assert figures["double_executions"] == "0", context
     assert figures["lost_writes"] == "0", context
+    # Workflows and the outbox: each recorded step ran once, each question was answered once,
+    # every workflow finished, no notice was posted twice to Slack, every notice was delivered.
+    for invariant in ("workflows_unfinished", "checkpoint_double_runs", "checkpoints_lost", "questions_answered_twice",
+                      "notices_posted_twice", "notices_undelivered"):
+        assert figures[invariant] == "0", f"{invariant}: {context}"
+    assert int(figures["slack_posts"]) > 0 and int(figures["webhook_events"]) > 0, context
