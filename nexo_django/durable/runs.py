@@ -60,6 +60,7 @@ from ..signals import approval_decided, approval_requested, run_status_changed
 from ..storable import UnstorableValue
 from . import agent_classes, binding, dispatch, driver, outbox, parents, rule_history, rules, sql
 from .fixed import PENDING_APPROVAL
+from .insight import tally as insight_tally
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
 if TYPE_CHECKING:
@@ -566,6 +567,10 @@ def decide(
         rule_said=rule_history.said(rule) if rule is not None else None,
     )
     batch.create([decision])
+    # The approvals dashboard's tallies, in the same commit (durable.insight.tally).
+    reviewer, rule_id = getattr(_user(by), "pk", None), getattr(rule, "pk", None)
+    batch.call(lambda: insight_tally.record(call, verdict=verdict, source=source, reviewer=reviewer, rule=rule_id,
+                                            at=now, alias=batch.alias))
     event = {"call": call.tool_call_id, "verdict": str(verdict), "edited": args is not None,
              "by": str(_user(by) or ""), "source": source}  # fmt: skip
     if rule is not None:
