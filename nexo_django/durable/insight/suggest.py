@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.admin.models import ADDITION, LogEntry
-from django.db import IntegrityError, transaction
-from django.db.models import Max, Min, Sum
+from django.db import IntegrityError, connections, router, transaction
+from django.db.models import F, Max, Min, Sum
+from django.db.models.functions import Collate
 
 from ...models import ApprovalRule, DismissedSuggestion, InsightTally, Verdict
 from .. import rules
@@ -87,14 +88,22 @@ def blocked(kind: str, first: str, last: str, denials: list[tuple[str, str, str,
     return False
 
 
+def _by_code_point(field: str) -> Any:
+    """``field`` compared by code point, as Python compares (PostgreSQL's default collation may
+    not: then the least and greatest would not bound the targets between)."""
+    if connections[router.db_for_read(InsightTally)].vendor == "postgresql":
+        return Collate(F(field), "C")
+    return F(field)
+
+
 def suggestions() -> list[Suggestion]:
     """What the history supports, the most approved first (bounded by :data:`MAX_CANDIDATES`)."""
     people = InsightTally.objects.exclude(source__in=UNTIMED).exclude(agent="")
     approved = list(
         people.filter(outcome=Verdict.APPROVED, kind__in=("path", "shell", "none"))
         .values("agent", "tool", "kind", "target")
-        .annotate(n=Sum("count"), wait=Sum("wait_sum"), first=Min("first_target"), last=Max("last_target"),
-                  since=Min("day"), until=Max("day"))
+        .annotate(n=Sum("count"), wait=Sum("wait_sum"), first=Min(_by_code_point("first_target")),
+                  last=Max(_by_code_point("last_target")), since=Min("day"), until=Max("day"))
         .filter(n__gte=MIN_APPROVALS).order_by("-n", "agent", "tool", "target")[:MAX_CANDIDATES]
     )
     if not approved:
@@ -104,7 +113,7 @@ def suggestions() -> list[Suggestion]:
     for row in (InsightTally.objects.exclude(outcome=Verdict.APPROVED)
                 .filter(agent__in={a for a, _ in pairs}, tool__in={t for _, t in pairs})
                 .values("agent", "tool", "kind", "target")
-                .annotate(first=Min("first_target"), last=Max("last_target")).order_by()):
+                .annotate(first=Min(_by_code_point("first_target")), last=Max(_by_code_point("last_target"))).order_by()):
         denials[(row["agent"], row["tool"])].append((row["kind"], row["target"], row["first"], row["last"]))
     reviewers: dict[tuple[str, str, str, str], int] = defaultdict(int)
     for row in (people.filter(outcome=Verdict.APPROVED, reviewer__gt=0, agent__in={a for a, _ in pairs},

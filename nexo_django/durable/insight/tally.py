@@ -72,7 +72,11 @@ def outcome_of(verdict: str, source: str) -> str:
 
 def _upsert_sql(conn: Any) -> tuple[str, str]:
     q = conn.ops.quote_name
+    # Targets are compared by code point, as Python compares them (suggest's common prefix of
+    # the least and greatest is then that of every target between): PostgreSQL's "C" collation
+    # (bytes of UTF-8), SQLite's BINARY (its default).
     least, greatest = ("LEAST", "GREATEST") if conn.vendor == "postgresql" else ("MIN", "MAX")
+    c = ' COLLATE "C"' if conn.vendor == "postgresql" else ""
     tally = q(InsightTally._meta.db_table)
     key = ("day", "agent", "tool", "target", "kind", "outcome", "source", "reviewer", "rule")
     cols = (*key, "count", "wait_sum", "first_target", "last_target")
@@ -81,8 +85,8 @@ def _upsert_sql(conn: Any) -> tuple[str, str]:
         f"ON CONFLICT ({', '.join(q(c) for c in key)}) DO UPDATE SET "
         f"{q('count')} = {tally}.{q('count')} + excluded.{q('count')}, "
         f"{q('wait_sum')} = {tally}.{q('wait_sum')} + excluded.{q('wait_sum')}, "
-        f"{q('first_target')} = {least}({tally}.{q('first_target')}, excluded.{q('first_target')}), "
-        f"{q('last_target')} = {greatest}({tally}.{q('last_target')}, excluded.{q('last_target')})"
+        f"{q('first_target')} = {least}({tally}.{q('first_target')}{c}, excluded.{q('first_target')}{c}), "
+        f"{q('last_target')} = {greatest}({tally}.{q('last_target')}{c}, excluded.{q('last_target')}{c})"
     )
     wait = q(InsightWait._meta.db_table)
     wkey = ("day", "agent", "tool", "reviewer", "bucket")
