@@ -166,7 +166,7 @@ def dashboard_view(site: Any, request: HttpRequest) -> HttpResponseBase:
     pending = dashboard.pending_ages(filters, timezone.now())
     context = {
         **site.each_context(request), "title": "Approvals dashboard", "filters": filters, "charts": charts,
-        "periods": list(dashboard.PERIODS), "choices": dashboard.choices(today),
+        "periods": list(dashboard.PERIODS), "choices": dashboard.choices(filters, today),
         "total": dashboard.summary(filters, today)["decisions"], "pending_total": pending["total"],
         "oldest": _duration(pending["oldest_seconds"]),
         "suggestions_url": reverse(f"{site.name}:nexo_django_insight_suggestions"),

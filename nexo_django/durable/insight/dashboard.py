@@ -189,11 +189,11 @@ def runs_by_outcome(filters: Filters, today: date) -> list[dict[str, Any]]:
     return [{"outcome": status, "runs": counts[status]} for status in sorted(counts, key=lambda s: -counts[s])]
 
 
-def choices(today: date) -> dict[str, list[str]]:
-    """The agents and tools the filters offer: those in the tallies."""
-    qs = InsightTally.objects.all()
-    return {"agents": sorted({a for a in qs.values_list("agent", flat=True).distinct() if a}),
-            "tools": sorted(set(qs.values_list("tool", flat=True).distinct()))}
+def choices(filters: Filters, today: date) -> dict[str, list[str]]:
+    """The agents and tools the filters offer: those decided in the period (one pass over its
+    tallies, the agent and tool filters left out so that another can be chosen)."""
+    pairs = set(_tallies(Filters(period=filters.period), today).values_list("agent", "tool").distinct().order_by())
+    return {"agents": sorted({a for a, _ in pairs if a}), "tools": sorted({t for _, t in pairs})}
 
 
 def summary(filters: Filters, today: date) -> dict[str, Any]:
