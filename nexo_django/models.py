@@ -740,3 +740,77 @@ class ChannelRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel} {self.signature[:12]}"
+
+
+class InsightTally(models.Model):
+    """Decisions counted by day and by what the approvals dashboard groups them by, written in
+    the deciding commit (``durable.insight.tally``): its pages sum these rows, never the history.
+    One row per day, agent, tool, target, outcome, source, reviewer and rule; ``reviewer`` and
+    ``rule`` are ids (0: none), kept after the user or rule is gone, as the decisions keep them."""
+
+    day = models.DateField()
+    agent = models.CharField(max_length=255)
+    tool = models.CharField(max_length=200)
+    #: what a rule would match: a path tool's folder ("/docs"), a shell call's whole command, ""
+    target = models.CharField(max_length=1000)
+    #: "path", "shell", "none" (a tool without a target), "other" (a target no rule can match:
+    #: a path the gate refuses, a command too long to keep)
+    kind = models.CharField(max_length=8)
+    #: "approved", "denied", "expired"
+    outcome = models.CharField(max_length=10)
+    source = models.CharField(max_length=20)
+    reviewer = models.BigIntegerField()
+    rule = models.BigIntegerField()
+    count = models.BigIntegerField()
+    #: seconds from the call's request to its decision, summed
+    wait_sum = models.FloatField()
+    #: the least and greatest exact target of these decisions (their common prefix is the
+    #: narrowest pattern that covers all of them)
+    first_target = models.CharField(max_length=1000)
+    last_target = models.CharField(max_length=1000)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(
+            fields=["day", "agent", "tool", "target", "kind", "outcome", "source", "reviewer", "rule"],
+            name="nexo_tally_key")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.tool} {self.outcome}: {self.count}"
+
+
+class InsightWait(models.Model):
+    """Decisions counted by day, agent, tool, reviewer and wait bucket (a bounded histogram: the
+    dashboard's median and p90 come from it, ``durable.insight.tally.BUCKET_RATIO`` apart)."""
+
+    day = models.DateField()
+    agent = models.CharField(max_length=255)
+    tool = models.CharField(max_length=200)
+    reviewer = models.BigIntegerField()
+    bucket = models.SmallIntegerField()
+    count = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["day", "agent", "tool", "reviewer", "bucket"],
+                                               name="nexo_wait_key")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.tool} bucket {self.bucket}: {self.count}"
+
+
+class DismissedSuggestion(models.Model):
+    """A suggested rule a person set aside: who, when, why. Not suggested again."""
+
+    agent = models.CharField(max_length=255)
+    tool = models.CharField(max_length=200)
+    path = models.CharField(max_length=1000, blank=True, default="")
+    dismissed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    dismissed_at = models.DateTimeField(auto_now_add=True)
+    note = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["agent", "tool", "path"], name="nexo_dismissed_key")]
+
+    def __str__(self) -> str:
+        return mark_hidden(f"dismissed {self.tool} {self.path} for {self.agent.rsplit('.', 1)[-1]}")

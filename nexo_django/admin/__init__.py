@@ -39,6 +39,7 @@ from . import audit, downloads, outbox, rules, targets, views, workflows
 from .base import NexoModelAdmin
 from .filters import AgeFilter, AgentFilter, CapabilityFilter, RunAgentFilter, ToolFilter
 from .forms import DecisionForm
+from .insight import views as insight_views
 from .previews import CallPreview, call_preview
 
 #: registered on import, beside the inbox (rules are decisions made ahead of time)
@@ -326,7 +327,8 @@ class DecisionAdmin(NexoModelAdmin):
 
     def get_urls(self) -> list[Any]:
         export = self.admin_site.admin_view(lambda request, fmt: audit.export_view(self, request, fmt))
-        return [path("export/<str:fmt>/", export, name="nexo_django_decision_export"), *super().get_urls()]
+        return [path("export/<str:fmt>/", export, name="nexo_django_decision_export"),
+                *insight_views.urls(self.admin_site), *super().get_urls()]
 
     @admin.display(description="rule", ordering="rule")
     def rule_column(self, obj: Decision) -> Any:

@@ -59,6 +59,7 @@ from .forms import (
     BulkDenyForm,
     encode_file_version,
 )
+from .insight import timeline as insight_timeline
 from .loading import (
     CALL_CELL_BYTES,
     Stored,
@@ -595,6 +596,9 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         **_conversation_context(model_admin, request, run),
         **workflow_context(model_admin, run),
     }
+    # The picture of the run, from the events and steps loaded above (no query of its own).
+    context["timeline_svg"] = insight_timeline.of_run(events)
+    context["workflow_svg"] = insight_timeline.of_workflow(context.get("workflow_steps") or [])
     return TemplateResponse(request, model_admin.detail_template, context)
 
 

@@ -228,6 +228,8 @@ def workflow_context(model_admin: Any, run: AgentRun) -> dict[str, Any]:
             "answered_by": str(step.answered_by) if step.answered_by_id else None,
             "answered_at": step.answered_at,
             "expires_at": step.expires_at,
+            "created_at": step.created_at,
+            "updated_at": step.updated_at,
         })
     return {"workflow_steps": rows, "is_workflow": True}
 

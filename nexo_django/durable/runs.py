@@ -71,6 +71,7 @@ from . import (
     sql,
 )
 from .fixed import PENDING_APPROVAL
+from .insight import tally as insight_tally
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
 
 if TYPE_CHECKING:
@@ -603,6 +604,10 @@ def decide(
         rule_said=rule_history.said(rule) if rule is not None else None,
     )
     batch.create([decision])
+    # The approvals dashboard's tallies, in the same commit (durable.insight.tally).
+    reviewer, rule_id = getattr(_user(by), "pk", None), getattr(rule, "pk", None)
+    batch.call(lambda: insight_tally.record(call, verdict=verdict, source=source, reviewer=reviewer, rule=rule_id,
+                                            at=now, alias=batch.alias))
     event = {"call": call.tool_call_id, "verdict": str(verdict), "edited": args is not None,
              "by": str(_user(by) or ""), "source": source}  # fmt: skip
     if rule is not None:

@@ -1,0 +1,201 @@
+"""The approvals dashboard's numbers, from the tallies (:mod:`.tally`) and two indexed counts.
+
+Every function takes a :class:`Filters` and reads rows bounded by the history's variety, not its
+volume: the tallies of the period (one per day and kind of decision), the pending calls' partial
+index (``nexo_call_pending_created``) for their ages, and the runs' ``created_at`` index.
+Percentiles come from the wait histogram (:func:`.tally.bucket_value`, within about 12 %).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db.models import Count, Max, Min, Q, QuerySet, Sum
+from django.utils import timezone
+
+from ...models import AgentRun, CallStatus, InsightTally, InsightWait, ToolCall
+from .tally import bucket_value
+
+#: the periods a page may ask for: name -> days (None: all of it)
+PERIODS: dict[str, int | None] = {"7d": 7, "30d": 30, "90d": 90, "365d": 365, "all": None}
+DEFAULT_PERIOD = "30d"
+#: the series of "decisions over time", in the order they are drawn
+OUTCOMES = ("approved", "approved by rule", "denied", "denied by rule", "expired")
+#: the ages of pending calls: (label, upper bound in seconds; None: older)
+AGE_BANDS: tuple[tuple[str, float | None], ...] = (
+    ("under 10 min", 600), ("10 min – 1 h", 3600), ("1 h – 1 day", 86400), ("1 – 7 days", 7 * 86400),
+    ("over 7 days", None),
+)
+#: rows of the rates table (the most decided first)
+RATE_ROWS = 30
+
+
+@dataclass(frozen=True)
+class Filters:
+    period: str = DEFAULT_PERIOD
+    agent: str = ""
+    tool: str = ""
+
+    def since(self, today: date) -> date | None:
+        days = PERIODS[self.period]
+        return None if days is None else today - timedelta(days=days - 1)
+
+
+def _tallies(filters: Filters, today: date) -> QuerySet[InsightTally]:
+    qs = InsightTally.objects.all()
+    since = filters.since(today)
+    if since is not None:
+        qs = qs.filter(day__gte=since)
+    if filters.agent:
+        qs = qs.filter(agent=filters.agent)
+    if filters.tool:
+        qs = qs.filter(tool=filters.tool)
+    return qs
+
+
+def _series(outcome: str, source: str) -> str:
+    if source == "rule":
+        return f"{outcome} by rule"
+    return outcome
+
+
+def over_time(filters: Filters, today: date) -> list[dict[str, Any]]:
+    """One row per day that has decisions: the day and a count per :data:`OUTCOMES` name."""
+    days: dict[date, dict[str, int]] = defaultdict(lambda: dict.fromkeys(OUTCOMES, 0))
+    rows = (_tallies(filters, today).values("day", "outcome", "source").annotate(n=Sum("count")).order_by())
+    for row in rows:
+        days[row["day"]][_series(row["outcome"], row["source"])] += row["n"]
+    return [{"day": day, **counts} for day, counts in sorted(days.items())]
+
+
+def _user_names(ids: set[int]) -> dict[int, str]:
+    user = get_user_model()
+    return {pk: str(name) for pk, name in user.objects.filter(pk__in=ids).values_list("pk", user.USERNAME_FIELD)}
+
+
+def by_reviewer(filters: Filters, today: date) -> list[dict[str, Any]]:
+    """Each reviewer's approvals and denials (decisions a person made under their name)."""
+    rows = (_tallies(filters, today).filter(reviewer__gt=0).values("reviewer", "outcome")
+            .annotate(n=Sum("count")).order_by())
+    counts: dict[int, dict[str, int]] = defaultdict(lambda: {"approved": 0, "denied": 0})
+    for row in rows:
+        counts[row["reviewer"]][row["outcome"]] = counts[row["reviewer"]].get(row["outcome"], 0) + row["n"]
+    names = _user_names(set(counts))
+    out = [{"reviewer": names.get(pk, f"user #{pk} (deleted)"), "reviewer_id": pk, **c} for pk, c in counts.items()]
+    return sorted(out, key=lambda r: (-(r["approved"] + r["denied"]), r["reviewer"]))
+
+
+def percentile(histogram: dict[int, int], fraction: float) -> float | None:
+    """The nearest-rank percentile of a wait histogram (bucket -> count), in seconds."""
+    total = sum(histogram.values())
+    if not total:
+        return None
+    rank = max(1, -(-int(fraction * total * 1000) // 1000))  # ceil(fraction * total), exactly
+    seen = 0
+    for bucket in sorted(histogram):
+        seen += histogram[bucket]
+        if seen >= rank:
+            return bucket_value(bucket)
+    return bucket_value(max(histogram))
+
+
+def waits(filters: Filters, today: date, by: str) -> list[dict[str, Any]]:
+    """Median and p90 of the time to a person's decision, by ``agent``, ``tool`` or ``reviewer``."""
+    qs = InsightWait.objects.all()
+    since = filters.since(today)
+    if since is not None:
+        qs = qs.filter(day__gte=since)
+    if filters.agent:
+        qs = qs.filter(agent=filters.agent)
+    if filters.tool:
+        qs = qs.filter(tool=filters.tool)
+    groups: dict[Any, dict[int, int]] = defaultdict(dict)
+    for row in qs.values(by, "bucket").annotate(n=Sum("count")).order_by():
+        groups[row[by]][row["bucket"]] = row["n"]
+    names = _user_names({k for k in groups if k}) if by == "reviewer" else {}
+    out = []
+    for key, histogram in groups.items():
+        label = (names.get(key, f"user #{key} (deleted)") if key else "nobody named") if by == "reviewer" else key
+        out.append({"name": label, "decisions": sum(histogram.values()),
+                    "median": percentile(histogram, 0.5), "p90": percentile(histogram, 0.9)})
+    return sorted(out, key=lambda r: (-r["decisions"], str(r["name"])))
+
+
+def pending_ages(filters: Filters, now: datetime) -> dict[str, Any]:
+    """The calls waiting now, by age: one pass over the pending calls' partial index."""
+    qs = ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL)
+    if filters.agent:
+        qs = qs.filter(agent=filters.agent)
+    if filters.tool:
+        qs = qs.filter(name=filters.tool)
+    aggregates: dict[str, Any] = {"oldest": Min("created_at")}
+    lower: datetime | None = None
+    for i, (_, seconds) in enumerate(AGE_BANDS):
+        upper = now - timedelta(seconds=seconds) if seconds is not None else None
+        cond = Q()
+        if upper is not None:
+            cond &= Q(created_at__gt=upper)
+        if lower is not None:
+            cond &= Q(created_at__lte=lower)
+        aggregates[f"band{i}"] = Count("pk", filter=cond)
+        lower = upper
+    found = qs.aggregate(**aggregates)
+    bands = [{"age": label, "calls": found[f"band{i}"]} for i, (label, _) in enumerate(AGE_BANDS)]
+    oldest = found["oldest"]
+    return {"bands": bands, "total": sum(b["calls"] for b in bands),
+            "oldest_seconds": (now - oldest).total_seconds() if oldest is not None else None}
+
+
+def pattern_of(kind: str, target: str) -> str:
+    """How a tally's target reads: a folder as its pattern, a command as itself."""
+    if kind == "path":
+        return f"{target}*"
+    if kind == "none":
+        return "(no target)"
+    if kind == "other":
+        return "(a target no rule can match)"
+    return target
+
+
+def rates(filters: Filters, today: date) -> list[dict[str, Any]]:
+    """Approve, deny and expiry rates per tool and target pattern: the most decided first."""
+    rows = (_tallies(filters, today).values("tool", "kind", "target", "outcome").annotate(n=Sum("count"))
+            .order_by())
+    groups: dict[tuple[str, str, str], dict[str, int]] = defaultdict(lambda: {"approved": 0, "denied": 0, "expired": 0})
+    for row in rows:
+        groups[(row["tool"], row["kind"], row["target"])][row["outcome"]] += row["n"]
+    out = []
+    for (tool, kind, target), c in groups.items():
+        total = c["approved"] + c["denied"] + c["expired"]
+        out.append({"tool": tool, "pattern": pattern_of(kind, target), "decisions": total, **c,
+                    "approve_rate": c["approved"] / total, "deny_rate": c["denied"] / total})
+    return sorted(out, key=lambda r: (-r["decisions"], r["tool"], r["pattern"]))[:RATE_ROWS]
+
+
+def runs_by_outcome(filters: Filters, today: date) -> list[dict[str, Any]]:
+    """Runs started in the period, by status (the runs' ``created_at`` or ``agent, created_at``
+    index). The tool filter does not apply: a run is not of one tool."""
+    qs = AgentRun.objects.all()
+    since = filters.since(today)
+    if since is not None:
+        qs = qs.filter(created_at__gte=datetime.combine(since, datetime.min.time(), tzinfo=timezone.get_current_timezone()))
+    if filters.agent:
+        qs = qs.filter(agent=filters.agent)
+    counts = {row["status"]: row["n"] for row in qs.values("status").annotate(n=Count("pk")).order_by()}
+    return [{"outcome": status, "runs": counts[status]} for status in sorted(counts, key=lambda s: -counts[s])]
+
+
+def choices(filters: Filters, today: date) -> dict[str, list[str]]:
+    """The agents and tools the filters offer: those decided in the period (one pass over its
+    tallies, the agent and tool filters left out so that another can be chosen)."""
+    pairs = set(_tallies(Filters(period=filters.period), today).values_list("agent", "tool").distinct().order_by())
+    return {"agents": sorted({a for a, _ in pairs if a}), "tools": sorted({t for _, t in pairs})}
+
+
+def summary(filters: Filters, today: date) -> dict[str, Any]:
+    total = _tallies(filters, today).aggregate(n=Sum("count"), last=Max("day"))
+    return {"decisions": total["n"] or 0}
