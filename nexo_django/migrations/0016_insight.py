@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('nexo_django', '0014_cycle_indexes'),
+        ('nexo_django', '0015_suspension_version'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
