@@ -606,8 +606,7 @@ def decide(
     batch.create([decision])
     # The approvals dashboard's tallies, in the same commit (durable.insight.tally).
     reviewer, rule_id = getattr(_user(by), "pk", None), getattr(rule, "pk", None)
-    batch.call(lambda: insight_tally.record(call, verdict=verdict, source=source, reviewer=reviewer, rule=rule_id,
-                                            at=now, alias=batch.alias))
+    insight_tally.record(batch, call, verdict=verdict, source=source, reviewer=reviewer, rule=rule_id, at=now)
     event = {"call": call.tool_call_id, "verdict": str(verdict), "edited": args is not None,
              "by": str(_user(by) or ""), "source": source}  # fmt: skip
     if rule is not None:

@@ -147,10 +147,12 @@ def _lookup_params(conn: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]],
 
 def insert(
     model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]], *, returning: bool = False, db: DB = None,
+    on_conflict: str = "",
 ) -> list[Any]:
     """INSERT ``rows`` (values of the fields ``names``, in that order) as multi-row statements,
     like ``bulk_create`` (no signals, no ``auto_now``: pass every value). With ``returning``, the
-    new primary keys, in order."""
+    new primary keys, in order. ``on_conflict``: an ``ON CONFLICT ...`` clause for the statement
+    (an upsert; its SQL is the caller's, a constant for the database it was written for)."""
     if not rows:
         return []
     alias, conn = db or _db(model, write=True)
@@ -158,13 +160,15 @@ def insert(
     pks: list[Any] = []
     for start in range(0, len(rows), per_statement):
         batch = rows[start:start + per_statement]
-        key = (conn.vendor, "insert", model, tuple(names), len(batch), returning)
+        key = (conn.vendor, "insert", model, tuple(names), len(batch), returning, on_conflict)
         built = _statements.get(key)
         if built is None:
             fields = tuple(_field(model, name) for name in names)
             columns = ", ".join(conn.ops.quote_name(str(f.column)) for f in fields)
             row = "(" + ", ".join(["%s"] * len(fields)) + ")"
             sql = f"INSERT INTO {_table(conn, model)} ({columns}) VALUES {', '.join([row] * len(batch))}"
+            if on_conflict:
+                sql += f" {on_conflict}"
             if returning:
                 sql += f" RETURNING {_column(conn, model, _pk(model))}"
             built = _statements[key] = (sql, fields)
@@ -624,9 +628,12 @@ class Batch:
             self._combined = self._plain = False
         return self._add("create", [obj])
 
-    def insert(self, model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]]) -> int:
-        """:func:`insert` (no primary keys read back)."""
-        return self._add("insert", model, tuple(names), rows)
+    def insert(
+        self, model: type[Model], names: Sequence[str], rows: Sequence[Sequence[Any]], *, on_conflict: str = "",
+    ) -> int:
+        """:func:`insert` (no primary keys read back), with its ``on_conflict`` clause: an upsert
+        is part of the one statement too (``INSERT ... SELECT ... ON CONFLICT`` in its ``WITH``)."""
+        return self._add("insert", model, tuple(names), rows, on_conflict)
 
     def create(self, objs: Sequence[Model]) -> int:
         """:func:`bulk_create` with signals: the new keys set on ``objs``."""
@@ -700,7 +707,7 @@ class Batch:
         if kind == "create":
             return len(bulk_create(list(step[1]), signals=True, db=self._db))
         if kind == "insert":
-            insert(step[1], step[2], step[3], db=self._db)
+            insert(step[1], step[2], step[3], db=self._db, on_conflict=step[4])
             return len(step[3])
         if kind == "requeue":
             run_id, old, new, now, unless_pending, _ = step[1:]
@@ -803,7 +810,7 @@ def _shape(step: tuple[Any, ...]) -> tuple[Any, ...]:
     if kind == "create":
         return (kind, type(step[1][0]), len(step[1]))
     if kind == "insert":
-        return (kind, step[1], step[2], len(step[3]))
+        return (kind, step[1], step[2], len(step[3]), step[4])
     return (kind,)
 
 
@@ -826,7 +833,7 @@ def _step_params(conn: BaseDatabaseWrapper, step: tuple[Any, ...]) -> list[Any]:
         row_of = _row_of(model)
         return [save(v, conn) for obj in step[1] for save, v in zip(saves, row_of(obj), strict=True)]
     if kind == "insert":
-        model, names, rows = step[1:]
+        model, names, rows = step[1:4]
         shape = ("insert-step", model, names)
         saves = savers.known(shape) or savers.savers_of(shape, [_field(model, name) for name in names])
         return [save(v, conn) for values in rows for save, v in zip(saves, values, strict=True)]
@@ -902,6 +909,8 @@ def _combined_sql(
                     f"INSERT INTO {_table(conn, model)} ({columns}) SELECT * FROM (VALUES {rows}) AS v "
                     "WHERE EXISTS (SELECT 1 FROM s0)"
                 )
+            if kind == "insert" and step[4]:
+                body += f" {step[4]}"
         elif kind == "requeue":
             body = _requeue_sql(conn, unless_pending=step[5], besides=True) + guard
             returning = _column(conn, AgentRun, _field(AgentRun, "generation"))

@@ -26,7 +26,7 @@ from typing import Any
 from django.db import connections, router, transaction
 
 from ...models import Decision, InsightTally, InsightWait, ToolCall
-from .. import rules
+from .. import rules, sql
 
 RATIO = 1.25
 MAX_BUCKET = 120
@@ -70,7 +70,15 @@ def outcome_of(verdict: str, source: str) -> str:
     return "expired" if source == "expiry" else str(verdict)
 
 
-def _upsert_sql(conn: Any) -> tuple[str, str]:
+#: the columns of a tally row and of a wait row, in the order :func:`rows_of` gives them
+TALLY_KEY = ("day", "agent", "tool", "target", "kind", "outcome", "source", "reviewer", "rule")
+TALLY_COLUMNS = (*TALLY_KEY, "count", "wait_sum", "first_target", "last_target")
+WAIT_KEY = ("day", "agent", "tool", "reviewer", "bucket")
+WAIT_COLUMNS = (*WAIT_KEY, "count")
+
+
+def _conflicts(conn: Any) -> tuple[str, str]:
+    """The ``ON CONFLICT`` clauses that add a tally row and a wait row to the ones there."""
     q = conn.ops.quote_name
     # Targets are compared by code point, as Python compares them (suggest's common prefix of
     # the least and greatest is then that of every target between): PostgreSQL's "C" collation
@@ -78,21 +86,16 @@ def _upsert_sql(conn: Any) -> tuple[str, str]:
     least, greatest = ("LEAST", "GREATEST") if conn.vendor == "postgresql" else ("MIN", "MAX")
     c = ' COLLATE "C"' if conn.vendor == "postgresql" else ""
     tally = q(InsightTally._meta.db_table)
-    key = ("day", "agent", "tool", "target", "kind", "outcome", "source", "reviewer", "rule")
-    cols = (*key, "count", "wait_sum", "first_target", "last_target")
     tally_sql = (
-        f"INSERT INTO {tally} ({', '.join(q(c) for c in cols)}) VALUES ({', '.join(['%s'] * len(cols))}) "
-        f"ON CONFLICT ({', '.join(q(c) for c in key)}) DO UPDATE SET "
+        f"ON CONFLICT ({', '.join(q(c) for c in TALLY_KEY)}) DO UPDATE SET "
         f"{q('count')} = {tally}.{q('count')} + excluded.{q('count')}, "
         f"{q('wait_sum')} = {tally}.{q('wait_sum')} + excluded.{q('wait_sum')}, "
         f"{q('first_target')} = {least}({tally}.{q('first_target')}{c}, excluded.{q('first_target')}{c}), "
         f"{q('last_target')} = {greatest}({tally}.{q('last_target')}{c}, excluded.{q('last_target')}{c})"
     )
     wait = q(InsightWait._meta.db_table)
-    wkey = ("day", "agent", "tool", "reviewer", "bucket")
     wait_sql = (
-        f"INSERT INTO {wait} ({', '.join(q(c) for c in (*wkey, 'count'))}) VALUES ({', '.join(['%s'] * 6)}) "
-        f"ON CONFLICT ({', '.join(q(c) for c in wkey)}) DO UPDATE SET "
+        f"ON CONFLICT ({', '.join(q(c) for c in WAIT_KEY)}) DO UPDATE SET "
         f"{q('count')} = {wait}.{q('count')} + excluded.{q('count')}"
     )
     return tally_sql, wait_sql
@@ -114,24 +117,25 @@ def rows_of(
 
 
 def record(
-    call: ToolCall, *, verdict: str, source: str, reviewer: int | None, rule: int | None, at: datetime,
-    alias: str | None = None,
+    batch: sql.Batch, call: ToolCall, *, verdict: str, source: str, reviewer: int | None, rule: int | None,
+    at: datetime,
 ) -> None:
-    """Count one decision (a step of the deciding batch: in its transaction)."""
+    """Count one decision: its upserts become steps of the deciding batch (in its transaction;
+    on PostgreSQL part of its one statement)."""
     tally, wait = rows_of(call, verdict=verdict, source=source, reviewer=reviewer, rule=rule, at=at)
-    write([tally], [wait] if wait is not None else [], alias=alias)
+    tally_sql, wait_sql = _conflicts(batch.conn)
+    batch.insert(InsightTally, TALLY_COLUMNS, [tally], on_conflict=tally_sql)
+    if wait is not None:
+        batch.insert(InsightWait, WAIT_COLUMNS, [wait], on_conflict=wait_sql)
 
 
 def write(tallies: Iterable[tuple[Any, ...]], waits: Iterable[tuple[Any, ...]], *, alias: str | None = None) -> None:
-    """Add rows (their counts and sums are added to those already there)."""
-    conn = connections[alias or router.db_for_write(InsightTally)]
-    tally_sql, wait_sql = _upsert_sql(conn)
-    with conn.cursor() as cursor:
-        tallies, waits = list(tallies), list(waits)
-        if tallies:
-            cursor.executemany(tally_sql, tallies)
-        if waits:
-            cursor.executemany(wait_sql, waits)
+    """Add rows (their counts and sums are added to those already there; one row per key)."""
+    alias = alias or router.db_for_write(InsightTally)
+    conn = connections[alias]
+    tally_sql, wait_sql = _conflicts(conn)
+    sql.insert(InsightTally, TALLY_COLUMNS, list(tallies), db=(alias, conn), on_conflict=tally_sql)
+    sql.insert(InsightWait, WAIT_COLUMNS, list(waits), db=(alias, conn), on_conflict=wait_sql)
 
 
 def rebuild(*, chunk: int = 20_000, alias: str | None = None) -> int:
