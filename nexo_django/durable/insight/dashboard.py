@@ -168,7 +168,7 @@ def rates(filters: Filters, today: date) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str, str], dict[str, int]] = defaultdict(lambda: {"approved": 0, "denied": 0, "expired": 0})
     for row in rows:
         groups[(row["tool"], row["kind"], row["target"])][row["outcome"]] += row["n"]
-    out = []
+    out: list[dict[str, Any]] = []
     for (tool, kind, target), c in groups.items():
         total = c["approved"] + c["denied"] + c["expired"]
         out.append({"tool": tool, "pattern": pattern_of(kind, target), "decisions": total, **c,

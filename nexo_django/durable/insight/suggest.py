@@ -116,10 +116,10 @@ def suggestions() -> list[Suggestion]:
                 .annotate(first=Min(_by_code_point("first_target")), last=Max(_by_code_point("last_target"))).order_by()):
         denials[(row["agent"], row["tool"])].append((row["kind"], row["target"], row["first"], row["last"]))
     reviewers: dict[tuple[str, str, str, str], int] = defaultdict(int)
-    for row in (people.filter(outcome=Verdict.APPROVED, reviewer__gt=0, agent__in={a for a, _ in pairs},
-                              tool__in={t for _, t in pairs})
-                .values("agent", "tool", "kind", "target", "reviewer").distinct().order_by()):
-        reviewers[(row["agent"], row["tool"], row["kind"], row["target"])] += 1
+    for person in (people.filter(outcome=Verdict.APPROVED, reviewer__gt=0, agent__in={a for a, _ in pairs},
+                                 tool__in={t for _, t in pairs})
+                   .values("agent", "tool", "kind", "target", "reviewer").distinct().order_by()):
+        reviewers[(person["agent"], person["tool"], person["kind"], person["target"])] += 1
     existing = {(r.agent, r.tool, r.path) for r in ApprovalRule.objects.filter(tool__in={t for _, t in pairs})}
     dismissed = set(DismissedSuggestion.objects.filter(tool__in={t for _, t in pairs})
                     .values_list("agent", "tool", "path"))

@@ -129,13 +129,36 @@ def record(
         batch.insert(InsightWait, WAIT_COLUMNS, [wait], on_conflict=wait_sql)
 
 
+def merged(tallies: Iterable[tuple[Any, ...]], waits: Iterable[tuple[Any, ...]]) -> tuple[list[Any], list[Any]]:
+    """The rows with one row per key (counts and sums added, the least and greatest target kept):
+    one upsert may not write a row twice."""
+    by_key: dict[tuple[Any, ...], list[Any]] = {}
+    for row in tallies:
+        key = tuple(row[:len(TALLY_KEY)])
+        seen = by_key.get(key)
+        if seen is None:
+            by_key[key] = list(row[len(TALLY_KEY):])
+        else:
+            count, wait, first, last = row[len(TALLY_KEY):]
+            seen[0] += count
+            seen[1] += wait
+            seen[2] = min(seen[2], first)
+            seen[3] = max(seen[3], last)
+    counts: dict[tuple[Any, ...], int] = {}
+    for row in waits:
+        key = tuple(row[:len(WAIT_KEY)])
+        counts[key] = counts.get(key, 0) + row[len(WAIT_KEY)]
+    return [(*k, *v) for k, v in by_key.items()], [(*k, n) for k, n in counts.items()]
+
+
 def write(tallies: Iterable[tuple[Any, ...]], waits: Iterable[tuple[Any, ...]], *, alias: str | None = None) -> None:
-    """Add rows (their counts and sums are added to those already there; one row per key)."""
+    """Add rows (their counts and sums are added to those already there)."""
     alias = alias or router.db_for_write(InsightTally)
     conn = connections[alias]
     tally_sql, wait_sql = _conflicts(conn)
-    sql.insert(InsightTally, TALLY_COLUMNS, list(tallies), db=(alias, conn), on_conflict=tally_sql)
-    sql.insert(InsightWait, WAIT_COLUMNS, list(waits), db=(alias, conn), on_conflict=wait_sql)
+    tally_rows, wait_rows = merged(tallies, waits)
+    sql.insert(InsightTally, TALLY_COLUMNS, tally_rows, db=(alias, conn), on_conflict=tally_sql)
+    sql.insert(InsightWait, WAIT_COLUMNS, wait_rows, db=(alias, conn), on_conflict=wait_sql)
 
 
 def rebuild(*, chunk: int = 20_000, alias: str | None = None) -> int:
@@ -157,20 +180,12 @@ def rebuild(*, chunk: int = 20_000, alias: str | None = None) -> int:
             if not rows:
                 return counted
             last = rows[-1][0]
-            tallies: dict[tuple[Any, ...], list[Any]] = {}
-            waits: dict[tuple[Any, ...], int] = {}
+            tallies, waits = [], []
             for _, verdict, source, by, rule, at, agent, name, capability, args, created in rows:
                 call = ToolCall(agent=agent, name=name, capability=capability, args=args, created_at=created)
                 tally, wait = rows_of(call, verdict=verdict, source=source, reviewer=by, rule=rule, at=at)
-                merged = tallies.get(tally[:9])
-                if merged is None:
-                    tallies[tally[:9]] = list(tally[9:])
-                else:
-                    merged[0] += 1
-                    merged[1] += tally[10]
-                    merged[2] = min(merged[2], tally[11])
-                    merged[3] = max(merged[3], tally[12])
+                tallies.append(tally)
                 if wait is not None:
-                    waits[wait[:5]] = waits.get(wait[:5], 0) + 1
-            write([(*k, *v) for k, v in tallies.items()], [(*k, n) for k, n in waits.items()], alias=alias)
+                    waits.append(wait)
+            write(tallies, waits, alias=alias)
             counted += len(rows)
