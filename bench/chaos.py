@@ -156,8 +156,11 @@ class Chaos:
         from nexo_django.core.errors import AlreadyDecided, StaleDecision, TransitionError
         from nexo_django.models import AgentRun, CallStatus, Notice, ToolCall
 
-        # A person decides what a message showed: a request whose Slack post is still pending waits.
-        unposted = Notice.objects.filter(channel="slack", kind="approval.requested", status="pending")
+        # A person decides what a message showed: a request not yet in Slack waits. In Slack is
+        # what Slack holds, not the notice's record: a worker killed between the post and its
+        # record leaves the notice pending for its claim's minute, and the message already shown.
+        unposted = Notice.objects.filter(channel="slack", kind="approval.requested", status="pending").exclude(
+            key__in=self.posted_keys())
         for call in ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL).order_by("created_at")[:50]:
             if unposted.filter(run_id=call.run_id, tool_call_id=call.tool_call_id).exists():
                 continue
@@ -185,13 +188,19 @@ class Chaos:
             except TransitionError:
                 pass
 
+    def posted_keys(self) -> list[str]:
+        """The notice keys of the messages the loopback Slack server holds (what people see)."""
+        return [str(((m.get("metadata") or {}).get("event_payload") or {}).get("key"))
+                for m in list(self.slack.messages.values()) if m.get("metadata")]
+
     def answer_questions(self) -> None:
         """A person answers each waiting workflow question (of two at once, one is recorded)."""
         from nexo_django.core.errors import AlreadyDecided
         from nexo_django.durable.workflow_runs import WorkflowRun
         from nexo_django.models import Notice, StepKind, StepStatus, WorkflowStep
 
-        unposted = Notice.objects.filter(channel="slack", kind="question.asked", status="pending")
+        unposted = Notice.objects.filter(channel="slack", kind="question.asked", status="pending").exclude(
+            key__in=self.posted_keys())
         for step in WorkflowStep.objects.filter(kind=StepKind.QUESTION, status=StepStatus.WAITING)[:50]:
             if unposted.filter(run_id=step.run_id, payload__key=step.name).exists():
                 continue  # asked in Slack first, as a person would see it

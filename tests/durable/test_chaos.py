@@ -41,6 +41,9 @@ def test_short_chaos_run_loses_nothing_and_repeats_no_side_effect() -> None:
     assert (figures["redis_flushes"], figures["pg_restarts"]) == ("2", "2"), context
     # ... and it cost nothing.
     assert figures["left_queued_or_running"] == "0", context
+    # Every run finished: none left waiting on a decision (the approver decides what Slack shows,
+    # also while a killed post's notice waits for its claim to run out).
+    assert (figures["suspended"], figures["needs_attention"], figures["drained"]) == ("0", "0", "True"), context
     assert figures["double_executions"] == "0", context
     assert figures["lost_writes"] == "0", context
     # Workflows and the outbox: each recorded step ran once, each question was answered once,
