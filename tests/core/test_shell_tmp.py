@@ -101,7 +101,8 @@ def test_48_mib_in_one_call_against_an_8_mib_quota_is_stopped_within_the_margin(
     many = f"for i in $(seq 200); do setsid sleep {marker} & done; {SYSTEM_PYTHON} writer.py"
     first, = run(who, ws, single, workspace_bytes=8 * MiB)
     assert "over its quota" in first["error"] and "workspace_max_bytes" in first["error"], text(first)
-    assert first["stdout"] == "153\n"  # 128 + SIGXFSZ: the kernel stopped the file at its cap
+    # The kernel stopped the file at its cap (SIGXFSZ): a byte past the quota's remainder at most
+    # FILE_SLACK. (The watch may kill the call before the shell could print head's status.)
     assert 8 * MiB - 64 * 1024 < (ws / "one").stat().st_size <= 8 * MiB + FILE_SLACK
     (ws / "one").unlink()
 
