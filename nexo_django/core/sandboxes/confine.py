@@ -87,6 +87,8 @@ TMPFS_FIX = (
     "--size and --perms (bubblewrap 0.7.0 or later; Debian 12 ships 0.8.0): upgrade bubblewrap or set "
     "NEXO['SHELL']['BWRAP'] to a newer one"
 )
+#: what bubblewrap says of an option it does not know (an older release than TMPFS_FIX names)
+UNKNOWN_OPTION = "Unknown option"
 
 
 class ShellUnavailable(Exception):
@@ -179,26 +181,6 @@ def find_bwrap(policy: ShellPolicy) -> str:
     return found
 
 
-@functools.cache
-def _help_text(bwrap: str) -> str:
-    try:
-        done = subprocess.run([bwrap, "--help"], stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=_START_TIMEOUT, close_fds=True, env={})
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return (done.stdout + done.stderr).decode(errors="replace")
-
-
-def tmpfs_problem(bwrap: str) -> str | None:
-    """Why ``bwrap`` cannot give a command a capped /tmp (a message naming the fix), or None.
-    Without ``--size`` a tmpfs would be as large as half the RAM: the call is refused instead."""
-    text = _help_text(bwrap)
-    missing = [option for option in ("--size", "--perms") if option not in text]
-    if missing:
-        return f"shell: refused to run: {bwrap} has no {' or '.join(missing)} option; {TMPFS_FIX}"
-    return None
-
-
 def _probe_user(uid: int, gid: int) -> list[str]:
     if os.geteuid() == 0:  # as run_confined: no user namespace, setpriv drops to the shell's user
         return ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL",
@@ -244,9 +226,6 @@ def bwrap_problem(policy: ShellPolicy) -> str | None:
         bwrap = find_bwrap(policy)
     except ShellUnavailable as exc:
         return str(exc)
-    tmpfs = tmpfs_problem(bwrap)
-    if tmpfs is not None:
-        return tmpfs
     seccomp = seccomp_problem()
     if seccomp is not None:
         return f"shell: refused to run: {seccomp}"

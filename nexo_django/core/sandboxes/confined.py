@@ -28,7 +28,7 @@ from contextlib import suppress
 from typing import Any
 
 from . import gitlinks
-from .confine import USERNS_FIX, Egress, ShellPolicy, ShellUnavailable, find_bwrap, tmpfs_problem
+from .confine import TMPFS_FIX, UNKNOWN_OPTION, USERNS_FIX, Egress, ShellPolicy, ShellUnavailable, find_bwrap
 from .guard import (
     Quota,
     Survey,
@@ -135,6 +135,7 @@ def limits_argv(policy: ShellPolicy, file_size: int | None = None) -> list[str]:
 def setup_failure(stderr: str) -> str:
     detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no message"
     hint = USERNS_FIX if any(w in stderr for w in ("namespace", "uid map", "Operation not permitted", "setting up uid")) else (
+        TMPFS_FIX if UNKNOWN_OPTION in stderr else
         "check NEXO['SHELL'] (BWRAP, READ) and that the workspace is a plain folder the worker can write"
     )
     return f"shell: bubblewrap could not set up the sandbox, nothing ran ({detail}); {hint}"
@@ -201,9 +202,6 @@ def run_confined(
     except (ShellUnavailable, SeccompUnavailable) as exc:
         message = str(exc)
         return {"error": message if message.startswith("shell:") else f"shell: refused to run: {message}"}
-    tmpfs = tmpfs_problem(bwrap)
-    if tmpfs is not None:
-        return {"error": tmpfs}
     try:
         lock = WorkspaceLock(root_fd)
     except OSError as exc:
