@@ -213,7 +213,8 @@ def test_a_entries_before_git_never_leave_it_writable_nor_a_set_id_bit(who: str,
 
 def test_a_walk_past_the_entry_quota_refuses_the_next_call(who: str, ws: Path) -> None:
     first, second = run(who, ws, "seq 300 | xargs touch; echo made", "touch ran", workspace_entries=200)
-    assert first["stdout"] == "made\n" and "more than 200 entries" in first["error"]
+    # (the watch may stop the command during the call, before its echo: tests/core/test_shell_tmp.py)
+    assert "more than 200 entries" in first["error"] and first["over_quota"]
     assert "refused to run, nothing ran" in second["error"] and "more than 200 entries" in second["error"]
     assert not (ws / "ran").exists()
 

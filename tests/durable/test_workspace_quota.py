@@ -28,8 +28,12 @@ def test_a_shell_call_over_the_quota_fails_the_run_with_the_reason_and_keeps_the
     assert "over its quota" in run.error and "workspace_max_bytes" in run.error
     call = ToolCall.objects.get(run=run)
     assert call.status == CallStatus.FAILED
-    assert call.result["stdout"] == "wrote\n" and "workspace_max_bytes" in call.result["error"]
-    assert (workspace / "big").stat().st_size == 3_000_000  # it ran: what it wrote is a person's to remove
+    assert "workspace_max_bytes" in call.result["error"]
+    # It ran, and the kernel stopped its file at what the quota had left (the per-file cap during
+    # the call, docs/sandboxes.md): what it wrote is a person's to remove.
+    from nexo_django.core.sandboxes.quotawatch import FILE_SLACK
+
+    assert 2 * 1024 * 1024 < (workspace / "big").stat().st_size <= 2 * 1024 * 1024 + FILE_SLACK
     types = list(RunEvent.objects.filter(run=run).order_by("id").values_list("type", flat=True))
     assert types.count("model_request") == 1, types  # the answer was never asked for
     assert "security" in types

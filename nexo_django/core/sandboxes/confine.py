@@ -9,7 +9,7 @@ it): for an unprivileged worker in a user namespace as uid/gid 65534 (the worker
 root worker as the unprivileged host user ``ShellPolicy.uid``/``gid`` (setpriv drops to it). Its root is
 an empty read-only tmpfs holding only: the system's programs and libraries (read-only), a short
 list of ``/etc`` files programs need (never ``shadow``, ``gshadow`` or ``sudoers``), a private
-``/tmp`` (size-capped), its own ``/proc`` and a minimal ``/dev``, the workspace read-write at its
+``/tmp`` and ``/dev/shm`` (size-capped tmpfs, mode 1777, gone with the call), its own ``/proc`` and a minimal ``/dev``, the workspace read-write at its
 own path, with ``.git`` and the other protected names read-only, and the ``READ`` paths
 read-only. Resource caps are set by the sandbox's first process on itself (util-linux's
 ``prlimit``) before anything of the command runs. This module: the
@@ -80,6 +80,15 @@ USERNS_FIX = (
     "userns for bwrap); elsewhere check sysctl user.max_user_namespaces > 0 and, in a container, "
     "that its seccomp profile allows clone/unshare of namespaces"
 )
+
+
+TMPFS_FIX = (
+    "the confined shell gives each command its own size-capped /tmp and /dev/shm with bubblewrap's "
+    "--size and --perms (bubblewrap 0.7.0 or later; Debian 12 ships 0.8.0): upgrade bubblewrap or set "
+    "NEXO['SHELL']['BWRAP'] to a newer one"
+)
+#: what bubblewrap says of an option it does not know (an older release than TMPFS_FIX names)
+UNKNOWN_OPTION = "Unknown option"
 
 
 class ShellUnavailable(Exception):
@@ -196,7 +205,7 @@ def _probe(bwrap: str, uid: int, gid: int) -> str | None:
     try:
         done = subprocess.run(
             [bwrap, *_probe_user(uid, gid), "--as-pid-1", "--die-with-parent",
-             "--ro-bind", "/", "/", "--proc", "/proc", "--seccomp", str(seccomp_fd), "--", *_probe_drop(uid, gid), "/bin/true"],
+             "--ro-bind", "/", "/", "--proc", "/proc", "--perms", "1777", "--size", "65536", "--tmpfs", "/tmp", "--seccomp", str(seccomp_fd), "--", *_probe_drop(uid, gid), "/bin/true"],
             stdin=subprocess.DEVNULL, capture_output=True, timeout=_START_TIMEOUT, close_fds=True, env={},
             pass_fds=(seccomp_fd,),
         )

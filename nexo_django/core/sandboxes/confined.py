@@ -28,7 +28,7 @@ from contextlib import suppress
 from typing import Any
 
 from . import gitlinks
-from .confine import USERNS_FIX, Egress, ShellPolicy, ShellUnavailable, find_bwrap
+from .confine import TMPFS_FIX, UNKNOWN_OPTION, USERNS_FIX, Egress, ShellPolicy, ShellUnavailable, find_bwrap
 from .guard import (
     Quota,
     Survey,
@@ -39,17 +39,18 @@ from .guard import (
     survey,
 )
 from .mounts import build_mounts
+from .quotawatch import QuotaWatch, file_cap
 from .seccomp import SeccompUnavailable, filter_program, program_fd
 from .shell import _remove, _run
 
 _START_TIMEOUT = 10.0
 
 
-def limits_of(policy: ShellPolicy) -> list[tuple[int, int]]:
+def limits_of(policy: ShellPolicy, file_size: int | None = None) -> list[tuple[int, int]]:
     return [
         (resource.RLIMIT_AS, policy.memory),
         (resource.RLIMIT_NPROC, policy.processes),
-        (resource.RLIMIT_FSIZE, policy.file_size),
+        (resource.RLIMIT_FSIZE, policy.file_size if file_size is None else file_size),
         (resource.RLIMIT_CPU, policy.cpu_seconds),
         (resource.RLIMIT_CORE, 0),
     ]
@@ -111,17 +112,18 @@ _PRLIMIT_OPTIONS = {
 PRLIMIT_FIX = "the confined shell sets its caps with util-linux's prlimit (apt-get install util-linux)"
 
 
-def limits_argv(policy: ShellPolicy) -> list[str]:
+def limits_argv(policy: ShellPolicy, file_size: int | None = None) -> list[str]:
     """The sandbox's first process: util-linux's ``prlimit``, which lowers its own caps and then
     starts the command (everything it starts inherits them), so nothing of the command runs
     uncapped. Inside, not from the worker: a root worker's sandbox runs as another user, whose
     limits the worker may not change without ``CAP_SYS_RESOURCE``. Never raises a hard limit:
-    where the worker's own is lower, that one stays."""
+    where the worker's own is lower, that one stays. ``file_size``: this call's per-file cap
+    (what the workspace quota has left), instead of the policy's."""
     prlimit = next((p for p in ("/usr/bin/prlimit", "/bin/prlimit") if os.access(p, os.X_OK)), None)
     if prlimit is None:
         raise ShellUnavailable(f"shell: refused to run: {PRLIMIT_FIX}")
     argv = [prlimit]
-    for which, value in limits_of(policy):
+    for which, value in limits_of(policy, file_size):
         _soft, hard = resource.getrlimit(which)
         cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
         # CPU: SIGXCPU at the cap (a program may catch it and stop cleanly), SIGKILL a second later.
@@ -133,6 +135,7 @@ def limits_argv(policy: ShellPolicy) -> list[str]:
 def setup_failure(stderr: str) -> str:
     detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no message"
     hint = USERNS_FIX if any(w in stderr for w in ("namespace", "uid map", "Operation not permitted", "setting up uid")) else (
+        TMPFS_FIX if UNKNOWN_OPTION in stderr else
         "check NEXO['SHELL'] (BWRAP, READ) and that the workspace is a plain folder the worker can write"
     )
     return f"shell: bubblewrap could not set up the sandbox, nothing ran ({detail}); {hint}"
@@ -242,6 +245,14 @@ def _sandboxed(
     proxy: Egress | None = None
     mounts = None
     first: list[int] = []  # a pidfd of the sandbox's first process
+    quota = Quota(policy.workspace_bytes, policy.workspace_entries)
+    watch: QuotaWatch | None = None
+
+    def kill() -> None:
+        for pidfd in first:
+            with suppress(OSError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
     try:
         if scratch is not None:
             if policy.egress is None:
@@ -254,7 +265,7 @@ def _sandboxed(
             if os.geteuid() == 0:
                 os.chmod(proxy.path, 0o666)  # the command's user connects to it (the folder stays 0700)
         try:
-            caps = limits_argv(policy)
+            caps = limits_argv(policy, file_cap(policy.file_size, quota, found))
             mounts, inner = build_mounts(policy, root, root_fd, found, egress_socket=proxy.path if proxy else None, caps=caps)
         except ShellUnavailable as exc:
             return {"error": str(exc)}
@@ -276,11 +287,20 @@ def _sandboxed(
                 proc.wait(timeout=_START_TIMEOUT)
                 assert proc.stderr is not None
                 return setup_failure(proc.stderr.read(64 * 1024).decode("utf-8", "replace"))
+            nonlocal watch
+            watch = QuotaWatch(root, root_fd, quota, found, kill)  # before it runs: counters from before
+            watch.start()
             os.write(block_write, b"1")
             return None
 
         result = _run(argv, "/", {}, timeout, max_output, pass_fds=(status.write_fd, block_read, seccomp_fd, *mounts.fds),
                       started=started)
+        if watch is not None:
+            watch.stop()
+            if watch.over is not None:
+                # Killed by the watch: the workspace's check after the call reports the quota.
+                note = f"the command was stopped during the call: {watch.over}"
+                return {**result, "note": f"{result['note']}; {note}" if "note" in result else note}
         if "error" in result and "exit_code" not in result:
             if result["error"].startswith("shell: bubblewrap") and "stderr" in result:
                 result.pop("stderr")  # it is in the message already
@@ -289,9 +309,10 @@ def _sandboxed(
             return {"error": setup_failure(result.get("stderr", ""))}
         return result
     finally:
+        kill()
+        if watch is not None:
+            watch.stop()
         for pidfd in first:
-            with suppress(OSError):
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             os.close(pidfd)
         if mounts is not None:
             mounts.close()

@@ -108,8 +108,9 @@ def _proc_path(fd: int) -> str:
 
 class _Walker:
     def __init__(self, root: str, patterns: Sequence[str], quota: Quota, *, bind: bool,
-                 owner: tuple[int, int] | None, strict: bool) -> None:
+                 owner: tuple[int, int] | None, strict: bool, clear: bool = True) -> None:
         self.root = root
+        self.clear = clear  # drop set-id bits (not while the command runs: the walk only counts then)
         self.patterns = patterns
         self.quota = quota
         self.bind = bind
@@ -147,7 +148,7 @@ class _Walker:
                 self.hand_over(fd, entry.name, child, st)
             if stat.S_ISLNK(st.st_mode):
                 continue
-            if stat.S_ISREG(st.st_mode) and st.st_mode & SET_ID:
+            if self.clear and stat.S_ISREG(st.st_mode) and st.st_mode & SET_ID:
                 self.drop_set_id(fd, entry.name, child)
             if protected and (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 self.protect(fd, entry.name, child)
@@ -264,6 +265,19 @@ def check_after(root: str, root_fd: int, patterns: Sequence[str], quota: Quota) 
     return walker.problems, None
 
 
+def measure(root: str, root_fd: int, quota: Quota) -> tuple[Survey, bool, str | None]:
+    """While a call runs: the workspace counted, nothing changed. Returns the count (as far as it
+    got: it stops once over), whether the walk saw everything, and the quota's reason if over."""
+    walker = _Walker(root, (), quota, bind=False, owner=None, strict=False, clear=False)
+    try:
+        walker.walk(root_fd, "", 0, False)
+    except _Stop:
+        return walker.survey, not walker.problems, f"the workspace is over its quota: {quota.over(walker.survey)}"
+    finally:
+        walker.survey.close()
+    return walker.survey, not walker.problems, None
+
+
 def _hand_over_root(root_fd: int, owner: tuple[int, int]) -> None:
     st = os.fstat(root_fd)
     if (st.st_uid, st.st_gid) != owner:
@@ -342,4 +356,5 @@ class WorkspaceLock:
             os.close(self.fd)
 
 
-__all__ = ["Quota", "Survey", "WorkspaceLock", "WorkspaceRefused", "check_after", "neutralise_bare_root", "survey"]
+__all__ = ["Quota", "Survey", "WorkspaceLock", "WorkspaceRefused", "check_after", "measure", "neutralise_bare_root",
+           "survey"]

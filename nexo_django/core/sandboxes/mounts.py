@@ -266,8 +266,11 @@ def build_mounts(
         # is uid 0 outside, which sysctl permission checks (owner bits, no capability) let write
         # the host's kernel.core_pattern or kernel.modprobe: a way out.
         "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev",
-        "--size", str(policy.tmp_size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
-        "--size", str(policy.tmp_size), "--tmpfs", "/tmp", "--perms", "0700", "--dir", SANDBOX_HOME,
+        # /tmp and /dev/shm: the command's own, capped, gone with the mount namespace. 1777 as on
+        # any host (a root worker's bubblewrap makes them as root; the command is another uid), and
+        # only the command's uid exists inside. HOME is made by the command's own user (below).
+        "--perms", "1777", "--size", str(policy.tmp_size), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+        "--perms", "1777", "--size", str(policy.tmp_size), "--tmpfs", "/tmp",
     ]
     if egress_socket is not None:
         python = _python_mounts(mounts, policy.python)
@@ -290,7 +293,13 @@ def build_mounts(
         mounts.close()
         raise
     mounts.args += ["--remount-ro", "/", "--chdir", root]
+    # HOME made by the command's user, after the caps: owned by it and 0700, whichever uid that is.
+    inner += ["/bin/sh", "-c", HOME_PRELUDE, "sh"]
     return mounts, inner
+
+
+#: Run before the command (``sh -c HOME_PRELUDE sh /bin/sh -c COMMAND``): its private HOME.
+HOME_PRELUDE = 'mkdir -m 0700 "$HOME" && exec "$@"'
 
 
 #: What a root worker's sandbox keeps until setpriv drops to the shell's user (and them).
