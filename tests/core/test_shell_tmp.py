@@ -126,5 +126,7 @@ def test_many_small_files_in_one_call_are_stopped_within_the_entry_margin(who: s
     _, entries = on_disk(ws)
     assert "more than 200 entries" in result["error"] and result["over_quota"], text(result)
     assert "stopped during the call" in result["note"] and "made" not in result["stdout"]
-    assert 200 < entries <= 200 + ENTRIES_MARGIN, entries
+    # (the quota counted the root's .git placeholder too, gone after the call: 200 left on disk
+    # when the watch stopped it at the first entry past the quota)
+    assert 200 <= entries <= 200 + ENTRIES_MARGIN, entries
     assert "refused to run, nothing ran" in after["error"] and not (ws / "ran").exists()
