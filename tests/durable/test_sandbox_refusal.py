@@ -21,10 +21,8 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.contrib import admin
 from django.contrib.admin import helpers
 from django.test import Client
-from django.urls import include, path
 
 from nexo_django.core.errors import AlreadyDecided, ApprovalRefused
 from nexo_django.durable.binding import SandboxRefusal
@@ -47,51 +45,29 @@ from tests.admin.support import (
     csrf_post,
     decision_url,
     make_user,
-    page_digest,
 )
 from tests.channel_servers import SlackServer, WebhookReceiver
-from tests.channels.test_slack import click, message_of, slack_channel, text_of
+from tests.channels.test_slack import click, message_of, text_of
 from tests.channels.test_webhook import SECRET, decision_body, post
+from tests.durable.every_path import SITE, approver, every_channel, page_form
 from tests.durable.test_concurrency import race
 from tests.durable_agents import ParallelScribe, Scribe
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
-SITE = "https://ops.example.com"
-
-#: The admin, the run pages and the channels' endpoint (this module is the URLconf).
-urlpatterns = [
-    path("admin/", admin.site.urls),
-    path("runs/", include("nexo_django.urls")),
-    path("nexo/channels/", include("nexo_django.channel_urls")),
-]
-
-
 @pytest.fixture(autouse=True)
 def _urls(settings: Any) -> None:
-    settings.ROOT_URLCONF = __name__
+    settings.ROOT_URLCONF = "tests.durable.every_path"
 
 
 @pytest.fixture
 def ann() -> Any:
-    user = make_user("ann", "nexo_django.decide_toolcall")
-    user.email = "ann@example.com"
-    user.save()
-    return user
+    return approver()
 
 
 @pytest.fixture
 def channels(settings: Any) -> Iterator[tuple[SlackServer, WebhookReceiver]]:
-    """Email, a Slack channel and a webhook that decides: every notice of a run."""
-    with SlackServer() as slack, WebhookReceiver(SECRET) as hook:
-        slack.users["U1"] = {"id": "U1", "is_email_confirmed": True, "profile": {"email": "ann@example.com"}}
-        settings.NEXO = {
-            "NOTIFY": {"EMAIL": True, "SITE_URL": SITE},
-            "CHANNELS": {"ops": slack_channel(slack),
-                         "hook": {"BACKEND": "webhook", "URL": hook.url, "SECRET": SECRET,
-                                  "ALLOW_PRIVATE": ["127.0.0.1"], "DECIDE": True}},
-        }
-        yield slack, hook
+    yield from every_channel(settings)
 
 
 class Place:
@@ -258,15 +234,9 @@ def test_a_retry_of_the_failed_run_hands_the_model_the_refusal_and_runs_nothing_
 # --- every approving path ----------------------------------------------------------------------
 
 
-def _page_form(client: Client, url: str) -> dict[str, str]:
-    html = client.get(url).content.decode()
-    version = re.search(r'name="file_version" value="([^"]*)"', html)
-    return {"action": "approve", "digest": page_digest(html), "file_version": version.group(1) if version else ""}
-
-
 def by_admin_page(call: ToolCall, user: Any, ctx: dict[str, Any]) -> None:
     client = client_for(user)
-    response = csrf_post(client, decision_url(call), _page_form(client, decision_url(call)), follow=True)
+    response = csrf_post(client, decision_url(call), page_form(client, decision_url(call)), follow=True)
     page = response.content.decode()
     assert "Approved, but the sandbox refused" in page and "SecurityError" in page and "the run failed" in page
 
@@ -309,7 +279,7 @@ def by_email_link(call: ToolCall, user: Any, ctx: dict[str, Any]) -> None:
     link = next(line.split("Decide: ", 1)[1] for line in message.body.splitlines() if "Decide: " in line)
     page = link.removeprefix(SITE)
     client = client_for(user)
-    shown = csrf_post(client, page, _page_form(client, page), follow=True).content.decode()
+    shown = csrf_post(client, page, page_form(client, page), follow=True).content.decode()
     assert "Approved, but the sandbox refused" in shown
 
 

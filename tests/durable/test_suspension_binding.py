@@ -18,10 +18,8 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.contrib import admin
 from django.contrib.admin import helpers
 from django.test import Client
-from django.urls import include, path
 
 from nexo_django.core.sandboxes.local import LocalSandbox
 from nexo_django.models import ApprovalRule, CallStatus, Decision, RunStatus, ToolCall
@@ -32,59 +30,31 @@ from tests.admin.support import (
     client_for,
     csrf_post,
     decision_url,
-    make_user,
-    page_digest,
 )
 from tests.channel_servers import SlackServer, WebhookReceiver
-from tests.channels.test_slack import click, message_of, slack_channel, text_of
-from tests.channels.test_webhook import SECRET, decision_body, post
+from tests.channels.test_slack import click, message_of, text_of
+from tests.channels.test_webhook import decision_body, post
+from tests.durable.every_path import SITE, approver, every_channel, page_form
 from tests.durable_agents import Scribe
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
-SITE = "https://ops.example.com"
 EDIT = "a person's edit\n"
-
-
-#: The admin, the run pages and the channels' endpoint (this module is the URLconf).
-urlpatterns = [
-    path("admin/", admin.site.urls),
-    path("runs/", include("nexo_django.urls")),
-    path("nexo/channels/", include("nexo_django.channel_urls")),
-]
 
 
 @pytest.fixture(autouse=True)
 def _urls(settings: Any) -> None:
-    settings.ROOT_URLCONF = __name__
+    settings.ROOT_URLCONF = "tests.durable.every_path"
 
 
 @pytest.fixture
 def ann() -> Any:
-    user = make_user("ann", "nexo_django.decide_toolcall")
-    user.email = "ann@example.com"
-    user.save()
-    return user
+    return approver()
 
 
 @pytest.fixture
 def channels(settings: Any, tmp_path: Path) -> Iterator[tuple[SlackServer, WebhookReceiver]]:
-    """Email, a Slack channel and a webhook that decides: every notice of a suspension."""
-    with SlackServer() as slack, WebhookReceiver(SECRET) as hook:
-        slack.users["U1"] = {"id": "U1", "is_email_confirmed": True, "profile": {"email": "ann@example.com"}}
-        settings.NEXO = {
-            "NOTIFY": {"EMAIL": True, "SITE_URL": SITE},
-            "CHANNELS": {"ops": slack_channel(slack),
-                         "hook": {"BACKEND": "webhook", "URL": hook.url, "SECRET": SECRET, "INCLUDE_ARGS": True,
-                                  "ALLOW_PRIVATE": ["127.0.0.1"], "DECIDE": True}},
-        }
-        yield slack, hook
-
-
-def _page_form(client: Client, url: str) -> dict[str, str]:
-    html = client.get(url).content.decode()
-    version = re.search(r'name="file_version" value="([^"]*)"', html)
-    return {"action": "approve", "digest": page_digest(html), "file_version": version.group(1) if version else ""}
+    yield from every_channel(settings, INCLUDE_ARGS=True)
 
 
 def _edit(target: Path) -> None:
@@ -97,7 +67,7 @@ def _edit(target: Path) -> None:
 
 def by_admin_page(call: ToolCall, user: Any, edit: Callable[[], None], ctx: dict[str, Any]) -> None:
     client = client_for(user)
-    form = _page_form(client, decision_url(call))  # the page showed "old"
+    form = page_form(client, decision_url(call))  # the page showed "old"
     edit()
     assert csrf_post(client, decision_url(call), form).status_code == 302
 
@@ -143,7 +113,7 @@ def by_email_link(call: ToolCall, user: Any, edit: Callable[[], None], ctx: dict
     link = next(line.split("Decide: ", 1)[1] for line in message.body.splitlines() if "Decide: " in line)
     page = link.removeprefix(SITE)
     client = client_for(user)
-    form = _page_form(client, page)
+    form = page_form(client, page)
     edit()
     assert csrf_post(client, page, form).status_code == 302
 
@@ -242,7 +212,7 @@ def test_a_page_reloaded_after_the_edit_binds_the_version_it_displayed_scripted(
     page = client.get(decision_url(call)).content.decode()
     assert "a person&#x27;s edit" in page or "a person's edit" in page  # the diff showed the edit
     assert 'id="changed-since-asked"' in page  # and the page says the notices showed another version
-    assert csrf_post(client, decision_url(call), _page_form(client, decision_url(call))).status_code == 302
+    assert csrf_post(client, decision_url(call), page_form(client, decision_url(call))).status_code == 302
     call.refresh_from_db()
     assert target.read_text() == "hi" and call.status == CallStatus.SUCCEEDED
     assert call.decision.file_version == shown != call.suspension_version
