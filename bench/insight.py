@@ -53,8 +53,7 @@ def build(ins: Any, decisions: int, pending: int, reviewers: list[int]) -> None:
     now = timezone.now()
     total = decisions + pending
     prepared: dict[str, tuple[Any, str, tuple[str, str, str]]] = {}
-    tallies: dict[tuple[Any, ...], list[Any]] = {}
-    waits: dict[tuple[Any, ...], int] = {}
+    merged = tally.Merged()
     with transaction.atomic():
         if ins.pg:
             with ins.connection.cursor() as cursor:
@@ -76,7 +75,7 @@ def build(ins: Any, decisions: int, pending: int, reviewers: list[int]) -> None:
                 key = repr(sorted(args.items()))
                 if key not in prepared:
                     prepared[key] = (ins.value(args), args_digest(args), tally.target_of(capability, args))
-                stored, digest, (kind, target, exact) = prepared[key]
+                stored, digest, target = prepared[key]
                 created = started + timedelta(seconds=c)
                 if n < decisions:
                     roll = rng.random()
@@ -86,20 +85,12 @@ def build(ins: Any, decisions: int, pending: int, reviewers: list[int]) -> None:
                     reviewer = rng.choice(reviewers) if source == "admin" else 0
                     decided = created + timedelta(seconds=wait)
                     status_call = "expired" if outcome == "expired" else outcome
-                    rows.append((n + 1, "approved" if outcome == "approved" else "denied", digest, reviewer or None,
-                                 ins.value(decided), source))
-                    tkey = (decided.date(), agent, name, target, kind, outcome, source, reviewer, 0)
-                    merged = tallies.get(tkey)
-                    if merged is None:
-                        tallies[tkey] = [1, wait, exact, exact]
-                    else:
-                        merged[0] += 1
-                        merged[1] += wait
-                        merged[2] = min(merged[2], exact)
-                        merged[3] = max(merged[3], exact)
-                    if source not in tally.UNTIMED:
-                        wkey = (decided.date(), agent, name, reviewer, tally.bucket_of(wait))
-                        waits[wkey] = waits.get(wkey, 0) + 1
+                    verdict = "approved" if outcome == "approved" else "denied"
+                    rows.append((n + 1, verdict, digest, reviewer or None, ins.value(decided), source))
+                    # What the deciding commit writes (tally.record), added up here.
+                    call = ToolCall(agent=agent, name=name, capability=capability, created_at=created)
+                    merged.add(tally.rows_of(call, verdict=verdict, source=source, reviewer=reviewer, rule=None,
+                                             at=decided, target=target))
                 else:
                     status_call = "pending_approval"
                 calls.append((ins.value(run_id), agent, f"call_{c}", name, capability, stored, digest,
@@ -108,14 +99,16 @@ def build(ins: Any, decisions: int, pending: int, reviewers: list[int]) -> None:
         ins.insert(ToolCall, ["run_id", "agent", "tool_call_id", "name", "capability", "args", "digest", "status",
                               "idempotent", "created_at", "updated_at"], calls)
         ins.insert(Decision, ["tool_call_id", "verdict", "digest", "decided_by_id", "decided_at", "source"], rows)
-        tally.write([(*k, *v) for k, v in tallies.items()], [(*k, n) for k, n in waits.items()])
+        written = merged.result()
+        tally.write(written)
     if ins.pg:
         with ins.connection.cursor() as cursor:
             cursor.execute("VACUUM (ANALYZE)")
     else:
         with ins.connection.cursor() as cursor:
             cursor.execute("ANALYZE")
-    note(f"{len(tallies)} tally rows, {len(waits)} wait rows for {decisions} decisions")
+    note(", ".join(f"{len(found)} {table.model.__name__} rows" for table, found in written.items())
+         + f" for {decisions} decisions")
 
 
 def body(response: Any) -> bytes:

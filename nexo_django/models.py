@@ -743,19 +743,15 @@ class ChannelRequest(models.Model):
 
 
 class InsightTally(models.Model):
-    """Decisions counted by day and by what the approvals dashboard groups them by, written in
-    the deciding commit (``durable.insight.tally``): its pages sum these rows, never the history.
-    One row per day, agent, tool, target, outcome, source, reviewer and rule; ``reviewer`` and
-    ``rule`` are ids (0: none), kept after the user or rule is gone, as the decisions keep them."""
+    """Decisions counted by day (``grain`` "d") and by month ("m", ``day`` its first day), agent,
+    tool, outcome, source, reviewer and rule, written in the deciding commit
+    (``durable.insight.tally``): the dashboard sums these rows, never the history. ``reviewer``
+    and ``rule`` are ids (0: none), kept after the user or rule is gone, as decisions keep them."""
 
+    grain = models.CharField(max_length=1)
     day = models.DateField()
     agent = models.CharField(max_length=255)
     tool = models.CharField(max_length=200)
-    #: what a rule would match: a path tool's folder ("/docs"), a shell call's whole command, ""
-    target = models.CharField(max_length=1000)
-    #: "path", "shell", "none" (a tool without a target), "other" (a target no rule can match:
-    #: a path the gate refuses, a command too long to keep)
-    kind = models.CharField(max_length=8)
     #: "approved", "denied", "expired"
     outcome = models.CharField(max_length=10)
     source = models.CharField(max_length=20)
@@ -764,24 +760,66 @@ class InsightTally(models.Model):
     count = models.BigIntegerField()
     #: seconds from the call's request to its decision, summed
     wait_sum = models.FloatField()
-    #: the least and greatest exact target of these decisions (their common prefix is the
-    #: narrowest pattern that covers all of them)
-    first_target = models.CharField(max_length=1000)
-    last_target = models.CharField(max_length=1000)
 
     class Meta:
         constraints = [models.UniqueConstraint(
-            fields=["day", "agent", "tool", "target", "kind", "outcome", "source", "reviewer", "rule"],
-            name="nexo_tally_key")]
+            fields=["grain", "day", "agent", "tool", "outcome", "source", "reviewer", "rule"], name="nexo_tally_key")]
 
     def __str__(self) -> str:
         return f"{self.day} {self.tool} {self.outcome}: {self.count}"
 
 
-class InsightWait(models.Model):
-    """Decisions counted by day, agent, tool, reviewer and wait bucket (a bounded histogram: the
-    dashboard's median and p90 come from it, ``durable.insight.tally.BUCKET_RATIO`` apart)."""
+class InsightTarget(models.Model):
+    """Decisions counted by day and month, agent, tool, target (what a rule would match: a path
+    tool's folder, a shell call's whole command, "") and outcome, with the least and greatest
+    exact target (their common prefix is the narrowest pattern covering all of them)."""
 
+    grain = models.CharField(max_length=1)
+    day = models.DateField()
+    agent = models.CharField(max_length=255)
+    tool = models.CharField(max_length=200)
+    #: "path", "shell", "none" (a tool without a target), "other" (a target no rule can match)
+    kind = models.CharField(max_length=8)
+    target = models.CharField(max_length=1000)
+    outcome = models.CharField(max_length=10)
+    source = models.CharField(max_length=20)
+    count = models.BigIntegerField()
+    wait_sum = models.FloatField()
+    first_target = models.CharField(max_length=1000)
+    last_target = models.CharField(max_length=1000)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(
+            fields=["grain", "day", "agent", "tool", "kind", "target", "outcome", "source"], name="nexo_target_key")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.tool} {self.target} {self.outcome}: {self.count}"
+
+
+class InsightReviewer(models.Model):
+    """Approvals by people, counted by agent, tool, target and reviewer, all time: how many
+    people a suggested rule's evidence comes from."""
+
+    agent = models.CharField(max_length=255)
+    tool = models.CharField(max_length=200)
+    kind = models.CharField(max_length=8)
+    target = models.CharField(max_length=1000)
+    reviewer = models.BigIntegerField()
+    count = models.BigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["agent", "tool", "kind", "target", "reviewer"],
+                                               name="nexo_reviewer_key")]
+
+    def __str__(self) -> str:
+        return f"{self.tool} {self.target} by #{self.reviewer}: {self.count}"
+
+
+class InsightWait(models.Model):
+    """A person's decisions counted by day and month, agent, tool, reviewer and wait bucket (a
+    bounded histogram: the dashboard's median and p90, ``durable.insight.tally.RATIO`` apart)."""
+
+    grain = models.CharField(max_length=1)
     day = models.DateField()
     agent = models.CharField(max_length=255)
     tool = models.CharField(max_length=200)
@@ -790,12 +828,11 @@ class InsightWait(models.Model):
     count = models.BigIntegerField()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["day", "agent", "tool", "reviewer", "bucket"],
+        constraints = [models.UniqueConstraint(fields=["grain", "day", "agent", "tool", "reviewer", "bucket"],
                                                name="nexo_wait_key")]
 
     def __str__(self) -> str:
         return f"{self.day} {self.tool} bucket {self.bucket}: {self.count}"
-
 
 class DismissedSuggestion(models.Model):
     """A suggested rule a person set aside: who, when, why. Not suggested again."""

@@ -19,8 +19,6 @@ from nexo_django.models import (
     AgentRun,
     ApprovalRule,
     CallStatus,
-    InsightTally,
-    InsightWait,
     RunStatus,
     ToolCall,
     args_digest,
@@ -182,11 +180,22 @@ def test_every_page_is_sent_with_a_strict_content_security_policy() -> None:
 
 def test_the_tallies_written_by_each_decision_are_what_a_recount_finds() -> None:
     build_history()
-    written = sorted(InsightTally.objects.values_list("day", "agent", "tool", "target", "kind", "outcome", "source",
-                                                      "reviewer", "rule", "count", "first_target", "last_target"))
-    waits = sorted(InsightWait.objects.values_list("day", "agent", "tool", "reviewer", "bucket", "count"))
-    assert sum(row[9] for row in written) == len(HISTORY)
+
+    def everything() -> list[list[tuple[Any, ...]]]:
+        # Waits to the second: a decision's row is stamped a moment after decide() counted it.
+        return [sorted(tuple(round(v) if isinstance(v, float) else v for v in row)
+                       for row in t.model._default_manager.values_list(*t.columns)) for t in tally.TABLES]
+
+    written = everything()
+    # Each decision is counted once by day and once by month.
+    assert sum(row[8] for row in written[0]) == 2 * len(HISTORY)
     assert tally.rebuild() == len(HISTORY)
-    assert sorted(InsightTally.objects.values_list("day", "agent", "tool", "target", "kind", "outcome", "source",
-                                                   "reviewer", "rule", "count", "first_target", "last_target")) == written
-    assert sorted(InsightWait.objects.values_list("day", "agent", "tool", "reviewer", "bucket", "count")) == waits
+    assert everything() == written
+
+
+def test_a_long_period_reads_months() -> None:
+    build_history()
+    html = viewer_client().get(DASHBOARD, {"period": "365d"}).content.decode()
+    month = timezone.now().date().replace(day=1).isoformat()
+    assert chart_values(html, "over_time")[("approved", month)] == 5
+    assert 'id="insight-total" data-value="10"' in html

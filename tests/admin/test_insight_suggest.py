@@ -17,8 +17,6 @@ from nexo_django.models import (
     ApprovalRule,
     ApprovalRuleChange,
     DismissedSuggestion,
-    InsightTally,
-    InsightWait,
     ToolCall,
 )
 from tests.admin.support import client_for, csrf_post, make_user
@@ -55,14 +53,15 @@ def test_a_suggestion_is_never_wider_than_its_evidence() -> None:
     rng = random.Random(50)
     now = timezone.now()
     made = 0
-    for case in range(300):
-        InsightTally.objects.all().delete()
-        InsightWait.objects.all().delete()
+    for case in range(200):
+        for table in tally.TABLES:
+            table.model._default_manager.all().delete()
         history = random_history(rng)
-        written = [tally.rows_of(call, verdict="denied" if outcome != "approved" else "approved", source=source,
-                                 reviewer=reviewer, rule=None, at=now)
-                   for _, call, outcome, source, reviewer in history]
-        tally.write([t for t, _ in written], [w for _, w in written if w is not None])
+        merged = tally.Merged()
+        for _, call, outcome, source, reviewer in history:
+            merged.add(tally.rows_of(call, verdict="denied" if outcome != "approved" else "approved", source=source,
+                                     reviewer=reviewer, rule=None, at=now))
+        tally.write(merged.result())
         for s in suggest.suggestions():
             made += 1
             rule = ApprovalRule(agent=s.agent, tool=s.tool, path=s.path, enabled=True)
@@ -78,7 +77,7 @@ def test_a_suggestion_is_never_wider_than_its_evidence() -> None:
                     covered += hit
             # Every approval it was made of is covered (its group's, and maybe others it also matches).
             assert covered >= s.approved >= suggest.MIN_APPROVALS, (case, s)
-    assert made > 30  # the histories do support suggestions: the check above is not vacuous
+    assert made > 20  # the histories do support suggestions: the check above is not vacuous
 
 
 def three_approvals() -> dict[str, Any]:

@@ -115,6 +115,7 @@ def _chart(name: str, rows: list[dict[str, Any]]) -> Any:
     title = TITLES[name]
     if name == "over_time":
         return svg.bars(name, title, [{**r, "day": r["day"].isoformat()} for r in rows], "day", OUTCOME_SERIES)
+
     if name == "reviewers":
         return svg.bars(name, title, rows, "reviewer", [svg.Series("approved", "approved", "approved"),
                                                          svg.Series("denied", "denied", "denied")])

@@ -28,7 +28,15 @@ from contextlib import suppress
 from typing import Any
 
 from . import gitlinks
-from .confine import TMPFS_FIX, UNKNOWN_OPTION, USERNS_FIX, Egress, ShellPolicy, ShellUnavailable, find_bwrap
+from .confine import (
+    TMPFS_FIX,
+    UNKNOWN_OPTION,
+    USERNS_FIX,
+    Egress,
+    ShellPolicy,
+    ShellUnavailable,
+    find_bwrap,
+)
 from .guard import (
     Quota,
     Survey,

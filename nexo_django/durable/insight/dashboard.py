@@ -14,15 +14,17 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db.models import Count, Max, Min, Q, QuerySet, Sum
+from django.db.models import Count, Min, Q, QuerySet, Sum
 from django.utils import timezone
 
-from ...models import AgentRun, CallStatus, InsightTally, InsightWait, ToolCall
+from ...models import AgentRun, CallStatus, InsightTally, InsightTarget, InsightWait, ToolCall
 from .tally import bucket_value
 
 #: the periods a page may ask for: name -> days (None: all of it)
 PERIODS: dict[str, int | None] = {"7d": 7, "30d": 30, "90d": 90, "365d": 365, "all": None}
 DEFAULT_PERIOD = "30d"
+#: periods up to this many days are counted by day; longer ones by whole months
+DAY_GRAIN_DAYS = 30
 #: the series of "decisions over time", in the order they are drawn
 OUTCOMES = ("approved", "approved by rule", "denied", "denied by rule", "expired")
 #: the ages of pending calls: (label, upper bound in seconds; None: older)
@@ -40,13 +42,22 @@ class Filters:
     agent: str = ""
     tool: str = ""
 
+    @property
+    def grain(self) -> str:
+        """Days up to :data:`DAY_GRAIN_DAYS`, whole months beyond (their rows are a thirtieth)."""
+        days = PERIODS[self.period]
+        return "d" if days is not None and days <= DAY_GRAIN_DAYS else "m"
+
     def since(self, today: date) -> date | None:
         days = PERIODS[self.period]
-        return None if days is None else today - timedelta(days=days - 1)
+        if days is None:
+            return None
+        first = today - timedelta(days=days - 1)
+        return first if self.grain == "d" else first.replace(day=1)
 
 
-def _tallies(filters: Filters, today: date) -> QuerySet[InsightTally]:
-    qs = InsightTally.objects.all()
+def _tallies(filters: Filters, today: date, model: type[Any] = InsightTally) -> QuerySet[Any]:
+    qs = model.objects.filter(grain=filters.grain)
     since = filters.since(today)
     if since is not None:
         qs = qs.filter(day__gte=since)
@@ -64,7 +75,8 @@ def _series(outcome: str, source: str) -> str:
 
 
 def over_time(filters: Filters, today: date) -> list[dict[str, Any]]:
-    """One row per day that has decisions: the day and a count per :data:`OUTCOMES` name."""
+    """One row per day (per month, for a long period) that has decisions: the day (the month's
+    first) and a count per :data:`OUTCOMES` name."""
     days: dict[date, dict[str, int]] = defaultdict(lambda: dict.fromkeys(OUTCOMES, 0))
     rows = (_tallies(filters, today).values("day", "outcome", "source").annotate(n=Sum("count")).order_by())
     for row in rows:
@@ -105,14 +117,7 @@ def percentile(histogram: dict[int, int], fraction: float) -> float | None:
 
 def waits(filters: Filters, today: date, by: str) -> list[dict[str, Any]]:
     """Median and p90 of the time to a person's decision, by ``agent``, ``tool`` or ``reviewer``."""
-    qs = InsightWait.objects.all()
-    since = filters.since(today)
-    if since is not None:
-        qs = qs.filter(day__gte=since)
-    if filters.agent:
-        qs = qs.filter(agent=filters.agent)
-    if filters.tool:
-        qs = qs.filter(tool=filters.tool)
+    qs = _tallies(filters, today, InsightWait)
     groups: dict[Any, dict[int, int]] = defaultdict(dict)
     for row in qs.values(by, "bucket").annotate(n=Sum("count")).order_by():
         groups[row[by]][row["bucket"]] = row["n"]
@@ -163,7 +168,7 @@ def pattern_of(kind: str, target: str) -> str:
 
 def rates(filters: Filters, today: date) -> list[dict[str, Any]]:
     """Approve, deny and expiry rates per tool and target pattern: the most decided first."""
-    rows = (_tallies(filters, today).values("tool", "kind", "target", "outcome").annotate(n=Sum("count"))
+    rows = (_tallies(filters, today, InsightTarget).values("tool", "kind", "target", "outcome").annotate(n=Sum("count"))
             .order_by())
     groups: dict[tuple[str, str, str], dict[str, int]] = defaultdict(lambda: {"approved": 0, "denied": 0, "expired": 0})
     for row in rows:
@@ -197,5 +202,5 @@ def choices(filters: Filters, today: date) -> dict[str, list[str]]:
 
 
 def summary(filters: Filters, today: date) -> dict[str, Any]:
-    total = _tallies(filters, today).aggregate(n=Sum("count"), last=Max("day"))
+    total = _tallies(filters, today).aggregate(n=Sum("count"))
     return {"decisions": total["n"] or 0}

@@ -30,7 +30,7 @@ from django.db import IntegrityError, connections, router, transaction
 from django.db.models import F, Max, Min, Sum
 from django.db.models.functions import Collate
 
-from ...models import ApprovalRule, DismissedSuggestion, InsightTally, Verdict
+from ...models import ApprovalRule, DismissedSuggestion, InsightReviewer, InsightTarget, Verdict
 from .. import rules
 from .tally import UNTIMED
 
@@ -48,7 +48,7 @@ class Suggestion:
     approved: int
     reviewers: int
     mean_wait: float
-    days: int
+    since: Any
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -91,34 +91,35 @@ def blocked(kind: str, first: str, last: str, denials: list[tuple[str, str, str,
 def _by_code_point(field: str) -> Any:
     """``field`` compared by code point, as Python compares (PostgreSQL's default collation may
     not: then the least and greatest would not bound the targets between)."""
-    if connections[router.db_for_read(InsightTally)].vendor == "postgresql":
+    if connections[router.db_for_read(InsightTarget)].vendor == "postgresql":
         return Collate(F(field), "C")
     return F(field)
 
 
 def suggestions() -> list[Suggestion]:
     """What the history supports, the most approved first (bounded by :data:`MAX_CANDIDATES`)."""
-    people = InsightTally.objects.exclude(source__in=UNTIMED).exclude(agent="")
+    # The months' rows: all time, a thirtieth of the days'.
+    months = InsightTarget.objects.filter(grain="m")
+    people = months.exclude(source__in=UNTIMED).exclude(agent="")
     approved = list(
         people.filter(outcome=Verdict.APPROVED, kind__in=("path", "shell", "none"))
         .values("agent", "tool", "kind", "target")
         .annotate(n=Sum("count"), wait=Sum("wait_sum"), first=Min(_by_code_point("first_target")),
-                  last=Max(_by_code_point("last_target")), since=Min("day"), until=Max("day"))
+                  last=Max(_by_code_point("last_target")), since=Min("day"))
         .filter(n__gte=MIN_APPROVALS).order_by("-n", "agent", "tool", "target")[:MAX_CANDIDATES]
     )
     if not approved:
         return []
     pairs = {(c["agent"], c["tool"]) for c in approved}
     denials: dict[tuple[str, str], list[tuple[str, str, str, str]]] = defaultdict(list)
-    for row in (InsightTally.objects.exclude(outcome=Verdict.APPROVED)
+    for row in (months.exclude(outcome=Verdict.APPROVED)
                 .filter(agent__in={a for a, _ in pairs}, tool__in={t for _, t in pairs})
                 .values("agent", "tool", "kind", "target")
                 .annotate(first=Min(_by_code_point("first_target")), last=Max(_by_code_point("last_target"))).order_by()):
         denials[(row["agent"], row["tool"])].append((row["kind"], row["target"], row["first"], row["last"]))
     reviewers: dict[tuple[str, str, str, str], int] = defaultdict(int)
-    for person in (people.filter(outcome=Verdict.APPROVED, reviewer__gt=0, agent__in={a for a, _ in pairs},
-                                 tool__in={t for _, t in pairs})
-                   .values("agent", "tool", "kind", "target", "reviewer").distinct().order_by()):
+    for person in (InsightReviewer.objects.filter(agent__in={a for a, _ in pairs}, tool__in={t for _, t in pairs})
+                   .values("agent", "tool", "kind", "target").order_by()):
         reviewers[(person["agent"], person["tool"], person["kind"], person["target"])] += 1
     existing = {(r.agent, r.tool, r.path) for r in ApprovalRule.objects.filter(tool__in={t for _, t in pairs})}
     dismissed = set(DismissedSuggestion.objects.filter(tool__in={t for _, t in pairs})
@@ -134,7 +135,7 @@ def suggestions() -> list[Suggestion]:
             continue
         out.append(Suggestion(agent=c["agent"], tool=c["tool"], path=path, kind=kind, approved=c["n"],
                               reviewers=reviewers[(c["agent"], c["tool"], kind, c["target"])],
-                              mean_wait=c["wait"] / c["n"], days=(c["until"] - c["since"]).days + 1))
+                              mean_wait=c["wait"] / c["n"], since=c["since"]))
     return out
 
 

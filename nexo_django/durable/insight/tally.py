@@ -1,11 +1,12 @@
 """The tallies behind the approvals dashboard, written in the commit that records a decision.
 
-``decide()`` adds :func:`record` to its batch: one upsert of an :class:`InsightTally` row (the
-day, agent, tool, target, outcome, source, reviewer and rule of the decision; its count, summed
-wait and least and greatest exact target) and one of an :class:`InsightWait` row (its wait's
-bucket). The dashboard then sums rows bounded by the history's variety (days x agents x tools x
-targets x reviewers), never by its volume: a million decisions of a hundred kinds are a few
-thousand rows.
+``decide()`` adds :func:`record` to its batch: upserts of the rows the decision adds to each
+table, its day's and its month's (``grain`` "d" and "m"): :class:`InsightTally` (agent, tool,
+outcome, source, reviewer, rule), :class:`InsightTarget` (agent, tool, target, outcome; the
+least and greatest exact target), :class:`InsightWait` (a person's wait, by bucket) and, for an
+approval by a person, :class:`InsightReviewer` (all time). The tables are kept apart so that no
+key crosses targets with reviewers. The dashboard then sums rows bounded by the history's
+variety per day or month, never by its volume; a period of more than 30 days reads months.
 
 Waits are kept as a bounded histogram: bucket 0 is under a second, bucket ``b`` is
 ``[RATIO**(b-1), RATIO**b)`` seconds. A median read from it is the bucket's geometric middle,
@@ -19,13 +20,14 @@ decisions before these tables), reading the decisions in chunks by primary key.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import connections, router, transaction
+from django.db.models import Model
 
-from ...models import Decision, InsightTally, InsightWait, ToolCall
+from ...models import Decision, InsightReviewer, InsightTally, InsightTarget, InsightWait, ToolCall
 from .. import rules, sql
 
 RATIO = 1.25
@@ -70,50 +72,67 @@ def outcome_of(verdict: str, source: str) -> str:
     return "expired" if source == "expiry" else str(verdict)
 
 
-#: the columns of a tally row and of a wait row, in the order :func:`rows_of` gives them
-TALLY_KEY = ("day", "agent", "tool", "target", "kind", "outcome", "source", "reviewer", "rule")
-TALLY_COLUMNS = (*TALLY_KEY, "count", "wait_sum", "first_target", "last_target")
-WAIT_KEY = ("day", "agent", "tool", "reviewer", "bucket")
-WAIT_COLUMNS = (*WAIT_KEY, "count")
+@dataclass(frozen=True)
+class Table:
+    """A tally table: the columns of its key, those added up, those kept least and greatest."""
+
+    model: type[Model]
+    key: tuple[str, ...]
+    added: tuple[str, ...]
+    least: tuple[str, ...] = ()
+    greatest: tuple[str, ...] = ()
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (*self.key, *self.added, *self.least, *self.greatest)
 
 
-def _conflicts(conn: Any) -> tuple[str, str]:
-    """The ``ON CONFLICT`` clauses that add a tally row and a wait row to the ones there."""
+TALLY = Table(InsightTally, ("grain", "day", "agent", "tool", "outcome", "source", "reviewer", "rule"),
+              ("count", "wait_sum"))
+TARGET = Table(InsightTarget, ("grain", "day", "agent", "tool", "kind", "target", "outcome", "source"),
+               ("count", "wait_sum"), ("first_target",), ("last_target",))
+REVIEWER = Table(InsightReviewer, ("agent", "tool", "kind", "target", "reviewer"), ("count",))
+WAIT = Table(InsightWait, ("grain", "day", "agent", "tool", "reviewer", "bucket"), ("count",))
+TABLES = (TALLY, TARGET, REVIEWER, WAIT)
+
+
+def _conflict(conn: Any, table: Table) -> str:
+    """The ``ON CONFLICT`` clause that adds a row of ``table`` to the one there."""
     q = conn.ops.quote_name
+    name = q(table.model._meta.db_table)
     # Targets are compared by code point, as Python compares them (suggest's common prefix of
     # the least and greatest is then that of every target between): PostgreSQL's "C" collation
     # (bytes of UTF-8), SQLite's BINARY (its default).
-    least, greatest = ("LEAST", "GREATEST") if conn.vendor == "postgresql" else ("MIN", "MAX")
-    c = ' COLLATE "C"' if conn.vendor == "postgresql" else ""
-    tally = q(InsightTally._meta.db_table)
-    tally_sql = (
-        f"ON CONFLICT ({', '.join(q(c) for c in TALLY_KEY)}) DO UPDATE SET "
-        f"{q('count')} = {tally}.{q('count')} + excluded.{q('count')}, "
-        f"{q('wait_sum')} = {tally}.{q('wait_sum')} + excluded.{q('wait_sum')}, "
-        f"{q('first_target')} = {least}({tally}.{q('first_target')}{c}, excluded.{q('first_target')}{c}), "
-        f"{q('last_target')} = {greatest}({tally}.{q('last_target')}{c}, excluded.{q('last_target')}{c})"
-    )
-    wait = q(InsightWait._meta.db_table)
-    wait_sql = (
-        f"ON CONFLICT ({', '.join(q(c) for c in WAIT_KEY)}) DO UPDATE SET "
-        f"{q('count')} = {wait}.{q('count')} + excluded.{q('count')}"
-    )
-    return tally_sql, wait_sql
+    pg = conn.vendor == "postgresql"
+    c = ' COLLATE "C"' if pg else ""
+    sets = [f"{q(col)} = {name}.{q(col)} + excluded.{q(col)}" for col in table.added]
+    sets += [f"{q(col)} = {'LEAST' if pg else 'MIN'}({name}.{q(col)}{c}, excluded.{q(col)}{c})" for col in table.least]
+    sets += [f"{q(col)} = {'GREATEST' if pg else 'MAX'}({name}.{q(col)}{c}, excluded.{q(col)}{c})"
+             for col in table.greatest]
+    return f"ON CONFLICT ({', '.join(q(col) for col in table.key)}) DO UPDATE SET {', '.join(sets)}"
+
+
+Rows = dict[Table, list[tuple[Any, ...]]]
 
 
 def rows_of(
-    call: ToolCall, *, verdict: str, source: str, reviewer: int | None, rule: int | None, at: datetime
-) -> tuple[tuple[Any, ...], tuple[Any, ...] | None]:
-    """The tally's and the wait histogram's row of one decision (count 1; no wait row for a
-    decision nobody waited for a person to make)."""
-    kind, target, exact = target_of(call.capability, call.args)
+    call: ToolCall, *, verdict: str, source: str, reviewer: int | None, rule: int | None, at: datetime,
+    target: tuple[str, str, str] | None = None,
+) -> Rows:
+    """The rows one decision adds to each table (``target``: ``target_of`` the call, if known)."""
+    kind, folder, exact = target or target_of(call.capability, call.args)
     wait = max(0.0, (at - call.created_at).total_seconds()) if call.created_at is not None else 0.0
-    day = at.date()
-    tally = (day, call.agent, call.name, target, kind, outcome_of(verdict, source), source, reviewer or 0,
-             rule or 0, 1, wait, exact, exact)
-    # Waits are a person's: a rule decides at once, an expiry is the deadline, not a wait.
-    timed = None if source in UNTIMED else (day, call.agent, call.name, reviewer or 0, bucket_of(wait), 1)
-    return tally, timed
+    outcome, who = outcome_of(verdict, source), reviewer or 0
+    rows: Rows = {TALLY: [], TARGET: [], REVIEWER: [], WAIT: []}
+    for grain, day in (("d", at.date()), ("m", at.date().replace(day=1))):
+        rows[TALLY].append((grain, day, call.agent, call.name, outcome, source, who, rule or 0, 1, wait))
+        rows[TARGET].append((grain, day, call.agent, call.name, kind, folder, outcome, source, 1, wait, exact, exact))
+        # Waits are a person's: a rule decides at once, an expiry is the deadline, not a wait.
+        if source not in UNTIMED:
+            rows[WAIT].append((grain, day, call.agent, call.name, who, bucket_of(wait), 1))
+    if outcome == "approved" and source not in UNTIMED and who:
+        rows[REVIEWER].append((call.agent, call.name, kind, folder, who, 1))
+    return rows
 
 
 def record(
@@ -121,44 +140,52 @@ def record(
     at: datetime,
 ) -> None:
     """Count one decision: its upserts become steps of the deciding batch (in its transaction;
-    on PostgreSQL part of its one statement)."""
-    tally, wait = rows_of(call, verdict=verdict, source=source, reviewer=reviewer, rule=rule, at=at)
-    tally_sql, wait_sql = _conflicts(batch.conn)
-    batch.insert(InsightTally, TALLY_COLUMNS, [tally], on_conflict=tally_sql)
-    if wait is not None:
-        batch.insert(InsightWait, WAIT_COLUMNS, [wait], on_conflict=wait_sql)
+    on PostgreSQL part of its one statement). Its day's and its month's rows differ in key, so
+    no statement writes a row twice."""
+    for table, found in rows_of(call, verdict=verdict, source=source, reviewer=reviewer, rule=rule, at=at).items():
+        if found:
+            batch.insert(table.model, table.columns, found, on_conflict=_conflict(batch.conn, table))
 
 
-def merged(tallies: Iterable[tuple[Any, ...]], waits: Iterable[tuple[Any, ...]]) -> tuple[list[Any], list[Any]]:
-    """The rows with one row per key (counts and sums added, the least and greatest target kept):
-    one upsert may not write a row twice."""
-    by_key: dict[tuple[Any, ...], list[Any]] = {}
-    for row in tallies:
-        key = tuple(row[:len(TALLY_KEY)])
-        seen = by_key.get(key)
-        if seen is None:
-            by_key[key] = list(row[len(TALLY_KEY):])
-        else:
-            count, wait, first, last = row[len(TALLY_KEY):]
-            seen[0] += count
-            seen[1] += wait
-            seen[2] = min(seen[2], first)
-            seen[3] = max(seen[3], last)
-    counts: dict[tuple[Any, ...], int] = {}
-    for row in waits:
-        key = tuple(row[:len(WAIT_KEY)])
-        counts[key] = counts.get(key, 0) + row[len(WAIT_KEY)]
-    return [(*k, *v) for k, v in by_key.items()], [(*k, n) for k, n in counts.items()]
+class Merged:
+    """Rows of many decisions added up in memory by key, to be written at once."""
+
+    def __init__(self) -> None:
+        self.rows: dict[Table, dict[tuple[Any, ...], list[Any]]] = {t: {} for t in TABLES}
+
+    def add(self, rows: Rows) -> None:
+        for table, found in rows.items():
+            n = len(table.key)
+            into = self.rows[table]
+            for row in found:
+                merged = into.get(row[:n])
+                if merged is None:
+                    into[row[:n]] = list(row[n:])
+                    continue
+                i = 0
+                for _ in table.added:
+                    merged[i] += row[n + i]
+                    i += 1
+                for _ in table.least:
+                    merged[i] = min(merged[i], row[n + i])
+                    i += 1
+                for _ in table.greatest:
+                    merged[i] = max(merged[i], row[n + i])
+                    i += 1
+
+    def result(self) -> Rows:
+        return {t: [(*k, *v) for k, v in found.items()] for t, found in self.rows.items()}
 
 
-def write(tallies: Iterable[tuple[Any, ...]], waits: Iterable[tuple[Any, ...]], *, alias: str | None = None) -> None:
-    """Add rows (their counts and sums are added to those already there)."""
+def write(rows: Rows, *, alias: str | None = None) -> None:
+    """Add rows (their counts and sums are added to those already there). Rows of one key are
+    added up first: one upsert may not write a row twice (PostgreSQL refuses it)."""
     alias = alias or router.db_for_write(InsightTally)
     conn = connections[alias]
-    tally_sql, wait_sql = _conflicts(conn)
-    tally_rows, wait_rows = merged(tallies, waits)
-    sql.insert(InsightTally, TALLY_COLUMNS, tally_rows, db=(alias, conn), on_conflict=tally_sql)
-    sql.insert(InsightWait, WAIT_COLUMNS, wait_rows, db=(alias, conn), on_conflict=wait_sql)
+    merged = Merged()
+    merged.add(rows)
+    for table, found in merged.result().items():
+        sql.insert(table.model, table.columns, found, db=(alias, conn), on_conflict=_conflict(conn, table))
 
 
 def rebuild(*, chunk: int = 20_000, alias: str | None = None) -> int:
@@ -167,25 +194,22 @@ def rebuild(*, chunk: int = 20_000, alias: str | None = None) -> int:
     alias = alias or router.db_for_write(InsightTally)
     counted = 0
     with transaction.atomic(using=alias):
-        InsightTally.objects.using(alias).all().delete()
-        InsightWait.objects.using(alias).all().delete()
+        for table in TABLES:
+            table.model._default_manager.using(alias).all().delete()
         last = 0
         while True:
-            rows = list(
+            found = list(
                 Decision.objects.using(alias).filter(pk__gt=last).order_by("pk")
                 .values_list("pk", "verdict", "source", "decided_by_id", "rule_id", "decided_at",
                              "tool_call__agent", "tool_call__name", "tool_call__capability", "tool_call__args",
                              "tool_call__created_at")[:chunk]
             )
-            if not rows:
+            if not found:
                 return counted
-            last = rows[-1][0]
-            tallies, waits = [], []
-            for _, verdict, source, by, rule, at, agent, name, capability, args, created in rows:
+            last = found[-1][0]
+            merged = Merged()
+            for _, verdict, source, by, rule, at, agent, name, capability, args, created in found:
                 call = ToolCall(agent=agent, name=name, capability=capability, args=args, created_at=created)
-                tally, wait = rows_of(call, verdict=verdict, source=source, reviewer=by, rule=rule, at=at)
-                tallies.append(tally)
-                if wait is not None:
-                    waits.append(wait)
-            write(tallies, waits, alias=alias)
-            counted += len(rows)
+                merged.add(rows_of(call, verdict=verdict, source=source, reviewer=by, rule=rule, at=at))
+            write(merged.result(), alias=alias)
+            counted += len(found)
