@@ -170,6 +170,13 @@ def test_nobody_without_the_view_permission_sees_a_number() -> None:
     assert response.status_code == 302 and "/login/" in response["Location"]
 
 
+def test_the_decision_log_links_to_the_dashboard_and_the_suggestions() -> None:
+    """A new user finds the pages from the admin: the decision log's tools link to both."""
+    page = viewer_client().get("/admin/nexo_django/decision/").content.decode()
+    for anchor, url in (("insight-dashboard", DASHBOARD), ("insight-suggestions", DASHBOARD + "suggestions/")):
+        assert re.search(rf'<a href="{re.escape(url)}" id="{anchor}">', page), anchor
+
+
 def test_every_page_is_sent_with_a_strict_content_security_policy() -> None:
     client = viewer_client()
     for url in (DASHBOARD, DASHBOARD + "suggestions/", DASHBOARD + "?period=nope"):
