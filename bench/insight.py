@@ -133,7 +133,14 @@ def render(client: Any, url: str, renders: int, expect: str) -> tuple[float, int
         times.append(time.perf_counter_ns() - start)
     with CaptureQueriesContext(connection) as captured:
         body(client.get(url))
+    if SLOWEST:
+        for query in sorted(captured.captured_queries, key=lambda q: -float(q["time"]))[:SLOWEST]:
+            note(f"  {float(query['time']) * 1000:7.1f} ms  {query['sql'][:300]}")
     return ms(median(times)), len(captured.captured_queries)
+
+
+#: ``--slowest N``: the N slowest queries of each page, noted after its figure's render
+SLOWEST = 0
 
 
 def main() -> None:
@@ -142,7 +149,10 @@ def main() -> None:
     parser.add_argument("--decisions", type=int, default=1_000_000)
     parser.add_argument("--pending", type=int, default=100_000)
     parser.add_argument("--renders", type=int, default=5)
+    parser.add_argument("--slowest", type=int, default=0, help="note each page's N slowest queries")
     args = parser.parse_args()
+    global SLOWEST
+    SLOWEST = args.slowest
 
     setup_django(database_url(args.db))
     from django.contrib.auth import get_user_model

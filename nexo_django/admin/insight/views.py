@@ -16,6 +16,7 @@ styled by a static stylesheet, with no script.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import date
 from typing import Any
@@ -88,18 +89,38 @@ def _pct(value: float) -> str:
     return f"{value * 100:.0f} %"
 
 
+class Page:
+    """What one page computes, each part once: the three wait charts share one query, the
+    pending chart and the page's header one count."""
+
+    def __init__(self, filters: Filters, today: date, *, charts: int) -> None:
+        self.filters, self.today = filters, today
+        self.charts = charts  # how many charts the page draws (1: a CSV, which reads its own)
+
+    @functools.cached_property
+    def waits(self) -> dict[str, list[dict[str, Any]]]:
+        return dashboard.all_waits(self.filters, self.today)
+
+    def wait(self, by: str) -> list[dict[str, Any]]:
+        return self.waits[by] if self.charts > 1 else dashboard.waits(self.filters, self.today, by)
+
+    @functools.cached_property
+    def pending(self) -> dict[str, Any]:
+        return dashboard.pending_ages(self.filters, timezone.now())
+
+
 #: chart name -> (columns of its table and CSV, how to compute its rows)
-Table = tuple[tuple[str, ...], Callable[[Filters, date], list[dict[str, Any]]]]
+Table = tuple[tuple[str, ...], Callable[[Page], list[dict[str, Any]]]]
 TABLES: dict[str, Table] = {
-    "over_time": (("day", *dashboard.OUTCOMES), dashboard.over_time),
-    "reviewers": (("reviewer", "approved", "denied"), dashboard.by_reviewer),
-    "wait_agent": (("name", "decisions", "median", "p90"), lambda f, t: dashboard.waits(f, t, "agent")),
-    "wait_tool": (("name", "decisions", "median", "p90"), lambda f, t: dashboard.waits(f, t, "tool")),
-    "wait_reviewer": (("name", "decisions", "median", "p90"), lambda f, t: dashboard.waits(f, t, "reviewer")),
-    "pending": (("age", "calls"), lambda f, t: dashboard.pending_ages(f, timezone.now())["bands"]),
+    "over_time": (("day", *dashboard.OUTCOMES), lambda p: dashboard.over_time(p.filters, p.today)),
+    "reviewers": (("reviewer", "approved", "denied"), lambda p: dashboard.by_reviewer(p.filters, p.today)),
+    "wait_agent": (("name", "decisions", "median", "p90"), lambda p: p.wait("agent")),
+    "wait_tool": (("name", "decisions", "median", "p90"), lambda p: p.wait("tool")),
+    "wait_reviewer": (("name", "decisions", "median", "p90"), lambda p: p.wait("reviewer")),
+    "pending": (("age", "calls"), lambda p: p.pending["bands"]),
     "rates": (("tool", "pattern", "decisions", "approved", "denied", "expired", "approve_rate", "deny_rate"),
-              dashboard.rates),
-    "runs": (("outcome", "runs"), dashboard.runs_by_outcome),
+              lambda p: dashboard.rates(p.filters, p.today)),
+    "runs": (("outcome", "runs"), lambda p: dashboard.runs_by_outcome(p.filters, p.today)),
 }
 OUTCOME_SERIES = [svg.Series(o, o, o.replace(" ", "-")) for o in dashboard.OUTCOMES]
 WAIT_SERIES = [svg.Series("median", "median", "median"), svg.Series("p90", "p90", "p90")]
@@ -157,14 +178,15 @@ def dashboard_view(site: Any, request: HttpRequest) -> HttpResponseBase:
     query = urlencode({k: v for k, v in (("period", filters.period), ("agent", filters.agent),
                                         ("tool", filters.tool)) if v})
     charts = []
+    page = Page(filters, today, charts=len(TABLES))
     for name, (columns, compute) in TABLES.items():
-        rows = compute(filters, today)
+        rows = compute(page)
         charts.append({
             "name": name, "title": TITLES[name], "svg": _chart(name, rows), "columns": columns,
             "rows": [[_display(name, c, r[c]) for c in columns] for r in rows],
             "csv": reverse(f"{site.name}:nexo_django_insight_csv", args=[name]) + (f"?{query}" if query else ""),
         })
-    pending = dashboard.pending_ages(filters, timezone.now())
+    pending = page.pending
     context = {
         **site.each_context(request), "title": "Approvals dashboard", "filters": filters, "charts": charts,
         "periods": list(dashboard.PERIODS), "choices": dashboard.choices(filters, today),
@@ -185,7 +207,7 @@ def csv_view(site: Any, request: HttpRequest, chart: str) -> HttpResponseBase:
     except BadFilter as exc:
         return _secure(HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8"))
     columns, compute = TABLES[chart]
-    rows = compute(filters, timezone.now().date())
+    rows = compute(Page(filters, timezone.now().date(), charts=1))
     return export_response(iter(rows), columns, "csv", f"insight-{chart}")
 
 

@@ -115,12 +115,27 @@ def percentile(histogram: dict[int, int], fraction: float) -> float | None:
     return bucket_value(max(histogram))
 
 
+WAIT_KEYS = ("agent", "tool", "reviewer")
+
+
 def waits(filters: Filters, today: date, by: str) -> list[dict[str, Any]]:
     """Median and p90 of the time to a person's decision, by ``agent``, ``tool`` or ``reviewer``."""
+    return all_waits(filters, today, (by,))[by]
+
+
+def all_waits(filters: Filters, today: date, keys: tuple[str, ...] = WAIT_KEYS) -> dict[str, list[dict[str, Any]]]:
+    """:func:`waits` by each of ``keys`` from one pass over the period's histogram rows (the
+    dashboard draws all three: one query, not three)."""
     qs = _tallies(filters, today, InsightWait)
-    groups: dict[Any, dict[int, int]] = defaultdict(dict)
-    for row in qs.values(by, "bucket").annotate(n=Sum("count")).order_by():
-        groups[row[by]][row["bucket"]] = row["n"]
+    groups: dict[str, dict[Any, dict[int, int]]] = {key: defaultdict(dict) for key in keys}
+    for row in qs.values(*keys, "bucket").annotate(n=Sum("count")).order_by():
+        for key in keys:
+            histogram = groups[key][row[key]]
+            histogram[row["bucket"]] = histogram.get(row["bucket"], 0) + row["n"]
+    return {key: _wait_rows(key, found) for key, found in groups.items()}
+
+
+def _wait_rows(by: str, groups: dict[Any, dict[int, int]]) -> list[dict[str, Any]]:
     names = _user_names({k for k in groups if k}) if by == "reviewer" else {}
     out = []
     for key, histogram in groups.items():
