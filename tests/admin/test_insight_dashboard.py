@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from nexo_django.durable import runs
@@ -198,6 +199,15 @@ def test_the_tallies_written_by_each_decision_are_what_a_recount_finds() -> None
     assert sum(row[8] for row in written[0]) == 2 * len(HISTORY)
     assert tally.rebuild() == len(HISTORY)
     assert everything() == written
+    # An installation whose tallies are missing (decisions from before them) counts them again.
+    for t in tally.TABLES:
+        t.model._default_manager.all().delete()
+    out = io.StringIO()
+    call_command("nexo_insight", "--rebuild", "--chunk", "3", stdout=out)
+    assert out.getvalue() == f"counted {len(HISTORY)} decisions into the approvals dashboard's tallies\n"
+    assert everything() == written
+    with pytest.raises(CommandError, match="--rebuild counts every decision again"):
+        call_command("nexo_insight")
 
 
 def test_a_long_period_reads_months() -> None:
