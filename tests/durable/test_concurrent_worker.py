@@ -89,8 +89,9 @@ def test_one_process_carries_many_runs_at_once_and_each_finishes_once_scripted(
     # SIGUSR2: every thread's stack in the worker's log (the threads wait for jobs), and it goes on.
     os.kill(workers.pids[0], signal.SIGUSR2)
     log = workers.log_paths[0]  # all of it: logs() keeps the last 200 lines, the stacks are longer
-    wait_until(lambda: "nexo_django/durable/worker.py" in log.read_text(), timeout=10, what="the threads' stacks")
-    assert log.read_text().count("Thread 0x") >= 20  # a thread per run in flight, the main one, rq's
+    # The stacks are written one thread after another: wait for all of them, not the first.
+    wait_until(lambda: log.read_text().count("Thread 0x") >= 20 and "nexo_django/durable/worker.py" in log.read_text(),
+               timeout=10, what="the threads' stacks (a thread per run in flight, the main one, rq's)")
     # ... and the main thread again, whatever the number of threads (faulthandler stops at 100).
     marker = "Main thread, as Python sees it"
     wait_until(lambda: "nexo_worker.py" in log.read_text().partition(marker)[2], timeout=10, what="the main thread")
