@@ -815,24 +815,38 @@ class InsightReviewer(models.Model):
         return f"{self.tool} {self.target} by #{self.reviewer}: {self.count}"
 
 
+#: the wait histogram's buckets (``durable.insight.tally.bucket_of``): columns ``b0`` .. ``b79``
+WAIT_BUCKETS = 80
+
+
 class InsightWait(models.Model):
-    """A person's decisions counted by day and month, agent, tool, reviewer and wait bucket (a
-    bounded histogram: the dashboard's median and p90, ``durable.insight.tally.RATIO`` apart)."""
+    """A person's decisions counted by day and month, agent, tool and reviewer, with their waits
+    as a histogram in one row: ``b<i>`` counts the waits of bucket ``i`` (a bounded histogram,
+    ``durable.insight.tally.RATIO`` apart; the last bucket holds every longer wait). One row per
+    key rather than one per bucket: a month's dashboard reads a tenth of the rows."""
 
     grain = models.CharField(max_length=1)
     day = models.DateField()
     agent = models.CharField(max_length=255)
     tool = models.CharField(max_length=200)
     reviewer = models.BigIntegerField()
-    bucket = models.SmallIntegerField()
     count = models.BigIntegerField()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["grain", "day", "agent", "tool", "reviewer", "bucket"],
-                                               name="nexo_wait_key")]
+        constraints = [models.UniqueConstraint(fields=["grain", "day", "agent", "tool", "reviewer"],
+                                               name="nexo_wait_row_key")]
 
     def __str__(self) -> str:
-        return f"{self.day} {self.tool} bucket {self.bucket}: {self.count}"
+        return f"{self.day} {self.tool} waits: {self.count}"
+
+    def histogram(self) -> dict[int, int]:
+        """bucket -> count, the empty buckets left out."""
+        return {i: n for i in range(WAIT_BUCKETS) if (n := getattr(self, f"b{i}"))}
+
+
+for _bucket in range(WAIT_BUCKETS):
+    InsightWait.add_to_class(f"b{_bucket}", models.BigIntegerField(default=0, db_default=0))
+
 
 class DismissedSuggestion(models.Model):
     """A suggested rule a person set aside: who, when, why. Not suggested again."""

@@ -136,3 +136,32 @@ def test_the_inbox_and_the_reconciler_read_the_partial_indexes_of_pending_calls_
     assert "nexo_call_pending_name_cap" in pending.filter(name="write").order_by("capability").values("capability").explain()
     # durable.expiry's query of overdue calls
     assert "nexo_call_pending_expires" in pending.filter(expires_at__lte=timezone.now()).order_by("expires_at", "id").explain()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0017_folds_the_wait_histogram_into_one_row_per_key_and_back() -> None:
+    """A bucket per row (0016) becomes a column per bucket of one row per key, the longest
+    waits in the last; going back spreads them out again."""
+    executor = MigrationExecutor(connection)
+    executor.migrate([("nexo_django", "0016_insight")])
+    old = executor.loader.project_state([("nexo_django", "0016_insight")]).apps.get_model("nexo_django", "InsightWait")
+    key = {"grain": "d", "day": "2026-12-01", "agent": "app.agents.Scribe", "tool": "write"}
+    for reviewer, bucket, count in ((7, 0, 2), (7, 12, 3), (7, 79, 1), (7, 120, 4), (8, 12, 5)):
+        old.objects.create(**key, reviewer=reviewer, bucket=bucket, count=count)
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate([("nexo_django", "0017_insight_wait_rows")])
+    new = executor.loader.project_state([("nexo_django", "0017_insight_wait_rows")]).apps.get_model(
+        "nexo_django", "InsightWait")
+    rows = {row.reviewer: row for row in new.objects.all()}
+    assert set(rows) == {7, 8}
+    assert (rows[7].count, rows[7].b0, rows[7].b12, rows[7].b79, rows[7].b1) == (10, 2, 3, 5, 0)
+    assert (rows[8].count, rows[8].b12) == (5, 5)
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate([("nexo_django", "0016_insight")])
+    old = executor.loader.project_state([("nexo_django", "0016_insight")]).apps.get_model("nexo_django", "InsightWait")
+    assert sorted(old.objects.values_list("reviewer", "bucket", "count")) == [(7, 0, 2), (7, 12, 3), (7, 79, 5), (8, 12, 5)]
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes("nexo_django"))

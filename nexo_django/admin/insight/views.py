@@ -128,7 +128,7 @@ TITLES = {
     "over_time": "Decisions over time", "reviewers": "Decisions by reviewer",
     "wait_agent": "Time to a person's decision, by agent", "wait_tool": "Time to a person's decision, by tool",
     "wait_reviewer": "Time to a person's decision, by approver", "pending": "Waiting now, by age",
-    "rates": "Approve and deny rates, by tool and target", "runs": "Runs started in the period, by outcome",
+    "rates": "Approve and deny rates, by tool and target", "runs": "Runs by outcome, among those that changed in the period",
 }
 
 

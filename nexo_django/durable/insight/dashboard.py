@@ -14,11 +14,19 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db.models import Count, Min, Q, QuerySet, Sum
+from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
-from ...models import AgentRun, CallStatus, InsightTally, InsightTarget, InsightWait, ToolCall
-from .tally import bucket_value
+from ...models import (
+    AgentRun,
+    CallStatus,
+    InsightTally,
+    InsightTarget,
+    InsightWait,
+    RunStatus,
+    ToolCall,
+)
+from .tally import BUCKET_COLUMNS, bucket_value
 
 #: the periods a page may ask for: name -> days (None: all of it)
 PERIODS: dict[str, int | None] = {"7d": 7, "30d": 30, "90d": 90, "365d": 365, "all": None}
@@ -125,13 +133,17 @@ def waits(filters: Filters, today: date, by: str) -> list[dict[str, Any]]:
 
 def all_waits(filters: Filters, today: date, keys: tuple[str, ...] = WAIT_KEYS) -> dict[str, list[dict[str, Any]]]:
     """:func:`waits` by each of ``keys`` from one pass over the period's histogram rows (the
-    dashboard draws all three: one query, not three)."""
+    dashboard draws all three: one query, not three), each bucket's column summed per key."""
     qs = _tallies(filters, today, InsightWait)
     groups: dict[str, dict[Any, dict[int, int]]] = {key: defaultdict(dict) for key in keys}
-    for row in qs.values(*keys, "bucket").annotate(n=Sum("count")).order_by():
-        for key in keys:
-            histogram = groups[key][row[key]]
-            histogram[row["bucket"]] = histogram.get(row["bucket"], 0) + row["n"]
+    sums = {column: Sum(column) for column in BUCKET_COLUMNS}
+    for row in qs.values_list(*keys).annotate(**sums).order_by():
+        values, counts = row[:len(keys)], row[len(keys):]
+        for key, value in zip(keys, values, strict=True):
+            histogram = groups[key][value]
+            for bucket, n in enumerate(counts):
+                if n:
+                    histogram[bucket] = histogram.get(bucket, 0) + n
     return {key: _wait_rows(key, found) for key, found in groups.items()}
 
 
@@ -146,26 +158,27 @@ def _wait_rows(by: str, groups: dict[Any, dict[int, int]]) -> list[dict[str, Any
 
 
 def pending_ages(filters: Filters, now: datetime) -> dict[str, Any]:
-    """The calls waiting now, by age: one pass over the pending calls' partial index."""
+    """The calls waiting now, by age: a count of each band's range of the pending calls' partial
+    index (``nexo_call_pending_created``), and the oldest its first entry. One statement with a
+    filtered count per band reads each entry's row on SQLite, whose planner picks another index
+    of the pending calls for it (five times slower at 100,000 waiting)."""
     qs = ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL)
     if filters.agent:
         qs = qs.filter(agent=filters.agent)
     if filters.tool:
         qs = qs.filter(name=filters.tool)
-    aggregates: dict[str, Any] = {"oldest": Min("created_at")}
+    bands = []
     lower: datetime | None = None
-    for i, (_, seconds) in enumerate(AGE_BANDS):
+    for label, seconds in AGE_BANDS:
         upper = now - timedelta(seconds=seconds) if seconds is not None else None
-        cond = Q()
+        band = qs
         if upper is not None:
-            cond &= Q(created_at__gt=upper)
+            band = band.filter(created_at__gt=upper)
         if lower is not None:
-            cond &= Q(created_at__lte=lower)
-        aggregates[f"band{i}"] = Count("pk", filter=cond)
+            band = band.filter(created_at__lte=lower)
+        bands.append({"age": label, "calls": band.count()})
         lower = upper
-    found = qs.aggregate(**aggregates)
-    bands = [{"age": label, "calls": found[f"band{i}"]} for i, (label, _) in enumerate(AGE_BANDS)]
-    oldest = found["oldest"]
+    oldest = qs.order_by("created_at").values_list("created_at", flat=True).first()
     return {"bands": bands, "total": sum(b["calls"] for b in bands),
             "oldest_seconds": (now - oldest).total_seconds() if oldest is not None else None}
 
@@ -197,15 +210,18 @@ def rates(filters: Filters, today: date) -> list[dict[str, Any]]:
 
 
 def runs_by_outcome(filters: Filters, today: date) -> list[dict[str, Any]]:
-    """Runs started in the period, by status (the runs' ``created_at`` or ``agent, created_at``
-    index). The tool filter does not apply: a run is not of one tool."""
+    """Runs by status, among those whose status last changed in the period (those that finished,
+    failed or were cancelled in it; those waiting or running since a day in it): a count of each
+    status's range of the runs' ``status, updated_at`` index, which that index alone answers. By
+    their start instead, a year's count read every run's row (0.2–0.4 s at 110,000 runs on
+    SQLite). The tool filter does not apply: a run is not of one tool."""
     qs = AgentRun.objects.all()
     since = filters.since(today)
     if since is not None:
-        qs = qs.filter(created_at__gte=datetime.combine(since, datetime.min.time(), tzinfo=timezone.get_current_timezone()))
+        qs = qs.filter(updated_at__gte=datetime.combine(since, datetime.min.time(), tzinfo=timezone.get_current_timezone()))
     if filters.agent:
         qs = qs.filter(agent=filters.agent)
-    counts = {row["status"]: row["n"] for row in qs.values("status").annotate(n=Count("pk")).order_by()}
+    counts = {str(s): n for s in RunStatus if (n := qs.filter(status=s).count())}
     return [{"outcome": status, "runs": counts[status]} for status in sorted(counts, key=lambda s: -counts[s])]
 
 

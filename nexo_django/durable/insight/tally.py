@@ -8,8 +8,9 @@ approval by a person, :class:`InsightReviewer` (all time). The tables are kept a
 key crosses targets with reviewers. The dashboard then sums rows bounded by the history's
 variety per day or month, never by its volume; a period of more than 30 days reads months.
 
-Waits are kept as a bounded histogram: bucket 0 is under a second, bucket ``b`` is
-``[RATIO**(b-1), RATIO**b)`` seconds. A median read from it is the bucket's geometric middle,
+Waits are kept as a bounded histogram, a column per bucket of one row per key (``b0`` ..
+``b79``): bucket 0 is under a second, bucket ``b`` is ``[RATIO**(b-1), RATIO**b)`` seconds, the
+last holds every longer wait (over about 14 months). A median read from it is the bucket's geometric middle,
 within ``sqrt(RATIO)`` (about 12 %) of the exact one: PostgreSQL's ``percentile_cont`` would read
 every decision of the period; this reads the buckets, on both databases alike.
 
@@ -27,11 +28,21 @@ from typing import Any
 from django.db import connections, router, transaction
 from django.db.models import Model
 
-from ...models import Decision, InsightReviewer, InsightTally, InsightTarget, InsightWait, ToolCall
+from ...models import (
+    WAIT_BUCKETS,
+    Decision,
+    InsightReviewer,
+    InsightTally,
+    InsightTarget,
+    InsightWait,
+    ToolCall,
+)
 from .. import rules, sql
 
 RATIO = 1.25
-MAX_BUCKET = 120
+MAX_BUCKET = WAIT_BUCKETS - 1
+#: the columns of the wait histogram, bucket by bucket
+BUCKET_COLUMNS = tuple(f"b{i}" for i in range(WAIT_BUCKETS))
 #: targets longer than this are not kept (their kind is "other": no suggestion is made of them)
 MAX_TARGET = 1000
 #: decisions whose wait is not a person's: a rule's, and an expiry's
@@ -92,12 +103,13 @@ TALLY = Table(InsightTally, ("grain", "day", "agent", "tool", "outcome", "source
 TARGET = Table(InsightTarget, ("grain", "day", "agent", "tool", "kind", "target", "outcome", "source"),
                ("count", "wait_sum"), ("first_target",), ("last_target",))
 REVIEWER = Table(InsightReviewer, ("agent", "tool", "kind", "target", "reviewer"), ("count",))
-WAIT = Table(InsightWait, ("grain", "day", "agent", "tool", "reviewer", "bucket"), ("count",))
+WAIT = Table(InsightWait, ("grain", "day", "agent", "tool", "reviewer"), ("count", *BUCKET_COLUMNS))
 TABLES = (TALLY, TARGET, REVIEWER, WAIT)
 
 
-def _conflict(conn: Any, table: Table) -> str:
-    """The ``ON CONFLICT`` clause that adds a row of ``table`` to the one there."""
+def _conflict(conn: Any, table: Table, added: tuple[str, ...] | None = None) -> str:
+    """The ``ON CONFLICT`` clause that adds a row of ``table`` to the one there (only the
+    ``added`` columns, if given: the others are left as they are)."""
     q = conn.ops.quote_name
     name = q(table.model._meta.db_table)
     # Targets are compared by code point, as Python compares them (suggest's common prefix of
@@ -105,7 +117,7 @@ def _conflict(conn: Any, table: Table) -> str:
     # (bytes of UTF-8), SQLite's BINARY (its default).
     pg = conn.vendor == "postgresql"
     c = ' COLLATE "C"' if pg else ""
-    sets = [f"{q(col)} = {name}.{q(col)} + excluded.{q(col)}" for col in table.added]
+    sets = [f"{q(col)} = {name}.{q(col)} + excluded.{q(col)}" for col in (table.added if added is None else added)]
     sets += [f"{q(col)} = {'LEAST' if pg else 'MIN'}({name}.{q(col)}{c}, excluded.{q(col)}{c})" for col in table.least]
     sets += [f"{q(col)} = {'GREATEST' if pg else 'MAX'}({name}.{q(col)}{c}, excluded.{q(col)}{c})"
              for col in table.greatest]
@@ -129,7 +141,9 @@ def rows_of(
         rows[TARGET].append((grain, day, call.agent, call.name, kind, folder, outcome, source, 1, wait, exact, exact))
         # Waits are a person's: a rule decides at once, an expiry is the deadline, not a wait.
         if source not in UNTIMED:
-            rows[WAIT].append((grain, day, call.agent, call.name, who, bucket_of(wait), 1))
+            histogram = [0] * WAIT_BUCKETS
+            histogram[bucket_of(wait)] = 1
+            rows[WAIT].append((grain, day, call.agent, call.name, who, 1, *histogram))
     if outcome == "approved" and source not in UNTIMED and who:
         rows[REVIEWER].append((call.agent, call.name, kind, folder, who, 1))
     return rows
@@ -143,8 +157,17 @@ def record(
     on PostgreSQL part of its one statement). Its day's and its month's rows differ in key, so
     no statement writes a row twice."""
     for table, found in rows_of(call, verdict=verdict, source=source, reviewer=reviewer, rule=rule, at=at).items():
-        if found:
-            batch.insert(table.model, table.columns, found, on_conflict=_conflict(batch.conn, table))
+        if not found:
+            continue
+        if table is WAIT:
+            # The wait's own bucket only: two short rows, not two of eighty-six values.
+            n = len(WAIT.key)
+            bucket = found[0][n + 1:].index(1)
+            added = ("count", BUCKET_COLUMNS[bucket])
+            batch.insert(WAIT.model, (*WAIT.key, *added), [(*row[:n], 1, 1) for row in found],
+                         on_conflict=_conflict(batch.conn, WAIT, added))
+            continue
+        batch.insert(table.model, table.columns, found, on_conflict=_conflict(batch.conn, table))
 
 
 class Merged:
