@@ -28,6 +28,7 @@ from ..models import AgentRun, RunStatus
 from ..schedule_models import Missed, Overlap, Schedule, ScheduleSlot, SlotOutcome
 from . import outbox, runs, workflow_runs
 from .agent import Agent
+from .journal import crash_point
 from .slots import WALK, Calendar
 from .workflow import Workflow
 
@@ -171,6 +172,8 @@ def fire(schedule: Schedule, now: datetime) -> Fired:
                                      if fired.outcome != "started" else SlotOutcome.STARTED,
                                      reason=fired.reason, run_id=fired.run))
             ScheduleSlot.objects.bulk_create(rows)
+            crash_point("schedule_before_commit")  # tests kill a scheduler here: nothing of the slot is left
+        crash_point("schedule_after_commit")  # or here: the run is stored, its job not sent (the reconciler sends it)
     except IntegrityError:
         # The slot's row exists: it was fired (a schedule edited back to an earlier slot, or a
         # scheduler that read before the other's commit on a database without row locks).
