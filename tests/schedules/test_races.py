@@ -44,7 +44,8 @@ def test_threads_racing_for_every_slot_start_one_run_each() -> None:
         outcomes: list[str] = []
         errors: list[BaseException] = []
 
-        def race(now: datetime = now, barrier: threading.Barrier = barrier) -> None:
+        def race(now: datetime = now, barrier: threading.Barrier = barrier, outcomes: list[str] = outcomes,
+                 errors: list[BaseException] = errors) -> None:
             try:
                 barrier.wait()
                 outcomes.extend(f.outcome for f in schedules.tick(now).fired)
