@@ -35,7 +35,7 @@ from ..models import (
     RunStatus,
     ToolCall,
 )
-from . import audit, downloads, outbox, rules, targets, views, workflows
+from . import audit, downloads, outbox, rules, schedules, targets, views, workflows
 from .base import NexoModelAdmin
 from .filters import AgeFilter, AgentFilter, CapabilityFilter, RunAgentFilter, ToolFilter
 from .forms import DecisionForm
@@ -48,6 +48,8 @@ ApprovalRuleAdmin = rules.ApprovalRuleAdmin
 OpenQuestionAdmin = workflows.OpenQuestionAdmin
 #: registered on import: the channels' outbox (what was sent where, what failed and why)
 NoticeAdmin = outbox.NoticeAdmin
+#: registered on import: schedules, the runs they started and the slots they skipped
+ScheduleAdmin = schedules.ScheduleAdmin
 
 
 # --- shared pieces ---------------------------------------------------------------------------------

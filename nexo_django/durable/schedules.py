@@ -175,8 +175,9 @@ def fire(schedule: Schedule, now: datetime) -> Fired:
             crash_point("schedule_before_commit")  # tests kill a scheduler here: nothing of the slot is left
         crash_point("schedule_after_commit")  # or here: the run is stored, its job not sent (the reconciler sends it)
     except IntegrityError:
-        # The slot's row exists: it was fired (a schedule edited back to an earlier slot, or a
-        # scheduler that read before the other's commit on a database without row locks).
+        # The slot's row exists: it was fired (a schedule edited back to an earlier slot). Move
+        # on past it, so the next tick does not meet it again.
+        Schedule.objects.filter(pk=schedule.pk, next_slot=read).update(next_slot=cal.following(now), updated_at=now)
         return Fired(schedule.name, latest, "taken", reason="this slot was fired already")
     except DatabaseError as exc:
         log.warning("schedules: %s at %s not fired (%s: %s); the next tick tries again",

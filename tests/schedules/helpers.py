@@ -9,6 +9,8 @@ from nexo_django.durable import schedules
 from nexo_django.schedule_models import Schedule
 
 T0 = datetime(2026, 6, 1, 6, 59, 30, tzinfo=UTC)
+#: the first slot of a schedule made by :func:`make` with its defaults
+SLOT_OF = datetime(2026, 6, 1, 7, 0, tzinfo=UTC)
 
 
 def make(now: datetime = T0, **fields: Any) -> Schedule:
