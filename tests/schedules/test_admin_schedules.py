@@ -13,7 +13,15 @@ from django.utils import timezone
 from nexo_django.durable import schedules
 from nexo_django.models import AgentRun
 from nexo_django.schedule_models import Schedule
-from tests.admin.support import SCRIPT, approver, client_for, csrf_post, decision_url, make_user, run_url
+from tests.admin.support import (
+    SCRIPT,
+    approver,
+    client_for,
+    csrf_post,
+    decision_url,
+    make_user,
+    run_url,
+)
 from tests.schedules.helpers import SLOT_OF, make
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
