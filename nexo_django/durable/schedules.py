@@ -157,14 +157,14 @@ def fire(schedule: Schedule, now: datetime) -> Fired:
         cal = calendar(schedule)
     except ConfigurationError as exc:  # edited behind the form's back
         return _pause(schedule, read, now, str(exc))
-    slots, count = cal.due(read, now)
+    slots, count, following = cal.due(read, now)
     if not slots:
         return Fired(schedule.name, None, "taken", reason="not due")
     latest, missed = slots[-1], slots[:-1]
     try:
         with transaction.atomic():
             if not Schedule.objects.filter(pk=schedule.pk, enabled=True, next_slot=read).update(
-                    next_slot=cal.following(now), updated_at=now):
+                    next_slot=following, updated_at=now):
                 return Fired(schedule.name, latest, "taken", reason="another scheduler fired it")
             rows = _missed_rows(schedule, missed, count)
             fired = _decide(schedule, latest, now, late=now - latest > MISSED_AFTER)
@@ -177,7 +177,7 @@ def fire(schedule: Schedule, now: datetime) -> Fired:
     except IntegrityError:
         # The slot's row exists: it was fired (a schedule edited back to an earlier slot). Move
         # on past it, so the next tick does not meet it again.
-        Schedule.objects.filter(pk=schedule.pk, next_slot=read).update(next_slot=cal.following(now), updated_at=now)
+        Schedule.objects.filter(pk=schedule.pk, next_slot=read).update(next_slot=following, updated_at=now)
         return Fired(schedule.name, latest, "taken", reason="this slot was fired already")
     except DatabaseError as exc:
         log.warning("schedules: %s at %s not fired (%s: %s); the next tick tries again",

@@ -11,6 +11,7 @@ fixed hour (``30 2 * * *``), and in each of the two hours for one whose hour fie
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -102,25 +103,25 @@ class Calendar:
             return EPOCH + steps * timedelta(seconds=self.interval)
         local = after.astimezone(self.tz)
         for _ in range(4):  # a repeated wall-clock time is skipped at most once in a row
-            found: datetime = croniter(self.cron, local).get_next(datetime)
+            found: datetime = _iterator(self.cron, local).get_next(datetime)
             if not (self.fixed_hour and repeated(found, self.tz)):
                 return found.astimezone(UTC)
             local = found
         return found.astimezone(UTC)
 
-    def due(self, first: datetime, now: datetime) -> tuple[list[datetime], int]:
+    def due(self, first: datetime, now: datetime) -> tuple[list[datetime], int, datetime]:
         """The slots from ``first`` up to ``now`` (ascending; at most :data:`WALK`, the last of them
-        the latest due) and how many there are in all."""
+        the latest due), how many there are in all, and the first slot after ``now``."""
         found: list[datetime] = []
         slot = first
         while slot <= now and len(found) < WALK:
             found.append(slot)
             slot = self.following(slot)
         if slot > now:
-            return found, len(found)
+            return found, len(found), slot
         latest = self.latest(now)
         count = WALK + 1 + self._between(slot, latest)
-        return [*found, latest], count
+        return [*found, latest], count, self.following(now)
 
     def latest(self, now: datetime) -> datetime:
         """The last slot at or before ``now``."""
@@ -135,6 +136,25 @@ class Calendar:
         if self.interval:
             return max(0, int((last - first) // timedelta(seconds=self.interval)) - 1)
         return 0  # not counted: more than WALK slots were missed, the exact number does not matter
+
+
+_local = threading.local()
+
+
+def _iterator(expression: str, start: datetime) -> croniter:
+    """croniter's iterator of ``expression`` from ``start``: one per expression and thread, moved
+    with ``set_current`` (building one parses the expression again, most of the cost of a slot)."""
+    found: dict[str, croniter] | None = getattr(_local, "iterators", None)
+    if found is None:
+        found = _local.iterators = {}
+    iterator = found.get(expression)
+    if iterator is None:
+        if len(found) > 1000:
+            found.clear()
+        iterator = found[expression] = croniter(expression, start)
+    else:
+        iterator.set_current(start, force=True)
+    return iterator
 
 
 def repeated(moment: datetime, tz: ZoneInfo) -> bool:

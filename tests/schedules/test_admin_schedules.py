@@ -129,3 +129,29 @@ def test_editing_a_schedule_does_not_move_back_a_slot_a_tick_fired_meanwhile() -
     assert csrf_post(client, page, {**GOOD, "cron": "0 * * * *", "timezone": "UTC", "prompt": "Edited."}).status_code == 302
     after = Schedule.objects.get()
     assert after.prompt == "Edited." and after.next_slot == moved
+
+
+def test_a_standing_rule_decides_a_scheduled_runs_call_as_any_other() -> None:
+    from nexo_django.models import ApprovalRule, Decision
+
+    rule = ApprovalRule.objects.create(agent="tests.schedule_agents.Asks", tool="write", path="/report.txt",
+                                       note="weekly reports are fine")
+    make(target="tests.schedule_agents.Asks")
+    schedules.tick(SLOT_OF + timedelta(seconds=1))
+    run = AgentRun.objects.get()
+    assert run.status == "done", run.error
+    decision = Decision.objects.get()
+    assert (decision.source, decision.rule) == ("rule", rule)
+
+
+def test_the_pause_and_resume_actions() -> None:
+    schedule = make(cron="0 * * * *")
+    client = client_for(approver_editor())
+    changelist = "/admin/nexo_django/schedule/"
+    csrf_post(client, changelist, {"action": "pause_selected", "_selected_action": [schedule.pk]})
+    schedule.refresh_from_db()
+    assert not schedule.enabled and schedule.paused_reason == "paused by eve"
+    assert schedules.tick(SLOT_OF + timedelta(seconds=1)).fired == []
+    csrf_post(client, changelist, {"action": "resume_selected", "_selected_action": [schedule.pk]})
+    schedule.refresh_from_db()
+    assert schedule.enabled and schedule.paused_reason == "" and schedule.next_slot > timezone.now()
