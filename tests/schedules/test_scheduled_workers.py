@@ -121,3 +121,25 @@ def test_rqs_cron_ticks_the_schedules_and_two_cron_schedulers_give_one_run_per_s
     logs = "".join((tmp_path / f"cron-{n}.log").read_text() for n in range(2))
     assert "tick_schedules" in logs, logs
 
+
+
+def test_a_run_at_a_time_whose_worker_was_killed_runs_once_under_the_next(rq_worker: Any, counter: Path) -> None:
+    """SIGKILL, as a lost machine: the scheduled job stays in Redis, but the dead worker's scheduler
+    lock stays too, until its TTL (rq: the scheduler's interval + 60 s), and rq's other workers try
+    to take it again every 10 minutes. The database knows the run's time: once it is due (and the
+    grace passed) the reconciler sends its job to the queue, and the next worker runs it once. The
+    old scheduled job, moved later, finds the run done."""
+    workers = rq_worker(extra_args=SCHEDULER)
+    time.sleep(1.5)  # its scheduler has taken the queue's lock
+    at = timezone.now() + timedelta(seconds=3)
+    run = Bumper.run_later("go", permissions="auto", at=at)
+    workers.kill(0)
+    assert scheduled_ids() == [dispatch.job_id(run.pk, 1)]
+    rq_worker(extra_args=SCHEDULER)
+    assert reconcile(stale_after=1).resent == []  # not due yet: left alone
+    wait_until(lambda: timezone.now() > at + timedelta(seconds=1.5), timeout=10, what="the run's time")
+    assert reconcile(stale_after=1).requeued == [str(run.pk)]  # its job is still "scheduled": sent now
+    done = wait_done(run)
+    assert done.status == "done", done.error
+    assert count(counter) == ["one"]
+    assert scheduled_ids() == [dispatch.job_id(run.pk, 1)]  # the old job, harmless: the run is done
