@@ -108,7 +108,7 @@ def test_a_scheduled_run_waiting_for_a_person_is_in_the_inbox_with_its_schedule_
     [call] = run.pending_calls()
     person = approver()
     inbox = client_for(person).get("/admin/nexo_django/pendingapproval/").content.decode()
-    assert str(run.pk)[:8] in inbox or call.name in inbox
+    assert str(run.pk)[:8] in inbox and 'class="nexo-schedule">on schedule weekly report' in inbox
     page = client_for(person).get(decision_url(call)).content.decode()
     assert 'id="scheduled-by"' in page and "weekly report" in page
     assert 'id="scheduled-by"' in client_for(person).get(run_url(run)).content.decode()
