@@ -101,7 +101,8 @@ def test_the_page_lists_the_runs_started_and_the_slots_skipped_with_why() -> Non
     assert f"overlap: the previous run {run.pk} is still suspended" in html
 
 
-def test_a_scheduled_run_waiting_for_a_person_is_in_the_inbox_with_its_schedule_named() -> None:
+def test_a_scheduled_run_waiting_for_a_person_is_in_the_inbox_with_its_schedule_named(settings: Any) -> None:
+    settings.ROOT_URLCONF = "tests.urls_runs"  # the admin and the run pages
     make(target="tests.schedule_agents.Asks", name="weekly report")
     schedules.tick(SLOT_OF + timedelta(seconds=1))
     run = AgentRun.objects.get()
@@ -112,6 +113,11 @@ def test_a_scheduled_run_waiting_for_a_person_is_in_the_inbox_with_its_schedule_
     page = client_for(person).get(decision_url(call)).content.decode()
     assert 'id="scheduled-by"' in page and "weekly report" in page
     assert 'id="scheduled-by"' in client_for(person).get(run_url(run)).content.decode()
+    from django.contrib.auth import get_user_model
+
+    boss = get_user_model().objects.create_superuser("boss")
+    page = client_for(boss).get(f"/runs/{run.pk}/").content.decode()
+    assert '<span id="run-schedule">on schedule weekly report</span>' in page
 
 
 def test_editing_a_schedule_does_not_move_back_a_slot_a_tick_fired_meanwhile() -> None:
