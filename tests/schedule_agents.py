@@ -34,3 +34,12 @@ class Tally(Workflow):
 
 
 NOT_A_CLASS = "a string"
+
+
+class Unbuildable(Agent):
+    """Its constructor fails: the run cannot even be built."""
+
+    model = ScriptedModel([reply("never")])
+
+    def __init__(self, **kwargs: Any) -> None:
+        raise RuntimeError("the agent's own setup failed")

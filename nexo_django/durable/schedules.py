@@ -141,7 +141,11 @@ def tick(now: datetime | None = None, *, limit: int = BATCH) -> TickReport:
     now = now or timezone.now()
     report = TickReport()
     for schedule in due(now, limit):
-        report.fired.append(fire(schedule, now))
+        try:
+            report.fired.append(fire(schedule, now))
+        except Exception as exc:  # one schedule's trouble never keeps the others from their slots
+            log.exception("schedules: %s not fired", schedule.name)
+            report.fired.append(Fired(schedule.name, schedule.next_slot, "taken", reason=f"{type(exc).__name__}: {exc}"))
     if report.fired:
         log.info("schedules: %s", report)
     return report
@@ -239,8 +243,11 @@ def _decide(schedule: Schedule, slot: datetime, now: datetime, *, late: bool) ->
                 started = workflow_runs.start_workflow(cls, schedule.payload, user=schedule.run_as, later=True,
                                                        origin=origin, **options)
                 run_id = str(started.pk)
-    except (ConfigurationError, TypeError, ValueError) as exc:
-        return _pause_here(schedule, slot, now, f"the run could not start: {exc}", None, failures)
+    except DatabaseError:
+        raise  # the database's trouble, not the schedule's: the slot is tried again at the next tick
+    except Exception as exc:  # whatever building the run raised: paused with it, never a crash loop
+        return _pause_here(schedule, slot, now, f"the run could not start: {type(exc).__name__}: {exc}", None,
+                           failures)
     return Fired(schedule.name, slot, "started", run=run_id)
 
 

@@ -191,3 +191,14 @@ def test_a_stale_scheduler_writes_nothing_and_never_moves_the_slot_back() -> Non
     assert not any("INSERT" in q["sql"].upper() for q in ctx.captured_queries), ctx.captured_queries
     assert Schedule.objects.get().next_slot == SLOT + timedelta(hours=2)
     assert AgentRun.objects.count() == 2
+
+
+def test_a_run_that_cannot_be_built_pauses_its_schedule_and_the_others_still_fire() -> None:
+    make(name="a-broken", target="tests.schedule_agents.Unbuildable")
+    make(name="b-fine")
+    fired = {f.schedule: f for f in schedules.tick(SLOT).fired}
+    assert fired["a-broken"].outcome == "paused"
+    assert "RuntimeError: the agent's own setup failed" in Schedule.objects.get(name="a-broken").paused_reason
+    assert fired["b-fine"].outcome == "started"
+    assert AgentRun.objects.count() == 1
+    assert [f.schedule for f in schedules.tick(SLOT + timedelta(days=1)).fired] == ["b-fine"]
