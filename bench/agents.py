@@ -98,3 +98,9 @@ class Looker(Agent):
     sandbox = "virtual"
     permissions = "read_only"
     max_turns = 10_000
+
+
+class Nightly(Agent):
+    """Scripted: answers at once (bench/schedules.py's scheduled agent; no worker runs it there)."""
+
+    model = ScriptedModel([reply("(scripted) triaged.")])

@@ -93,6 +93,9 @@ STEPS = [
          ["--cycles", "30", "--round", "10", "--processes", "2"], timeout=600),
     Step("reconcile_sqlite", ["bench.reconcile", "--db", "sqlite"], ["--sizes", "1000,10000", "--rounds", "5"]),
     Step("reconcile_postgres", ["bench.reconcile", "--db", "postgres"], ["--sizes", "1000,10000", "--rounds", "5"]),
+    # The scheduler's CPU per fired run and idle, 1,000 schedules, beside rq's enqueue and run_later.
+    Step("schedules_sqlite", ["bench.schedules", "--db", "sqlite"], ["--fire", "50", "--idle", "50"]),
+    Step("schedules_postgres", ["bench.schedules", "--db", "postgres"], ["--fire", "50", "--idle", "50"]),
     # The concurrent worker beside the asyncio peer (issue 34's worker targets), on both Pythons.
     Step("concurrency", ["bench.concurrency", "--skip", "simple"], ["--runs", "50"]),
     Step("concurrency_py312", ["bench.concurrency", "--skip", "simple"], ["--runs", "50"], python=PY312),

@@ -24,7 +24,7 @@ from .core.tools.shell_settings import shell_policy
 from .durable.queue_health import queue_warning
 from .models import AgentRun
 
-POSITIVE_INTS = ("LEASE_SECONDS", "MAX_RECOVERIES", "JOB_TIMEOUT", "EVENT_MAX_CHARS")
+POSITIVE_INTS = ("LEASE_SECONDS", "MAX_RECOVERIES", "JOB_TIMEOUT", "EVENT_MAX_CHARS", "SCHEDULE_TICK")
 
 
 @register(Tags.compatibility)

@@ -53,6 +53,9 @@ DEFAULTS: dict[str, Any] = {
     # Days the outbox keeps the delivered and skipped notices of finished runs; the reconciler
     # deletes older ones (failed notices stay until a person sends them again). None keeps all.
     "NOTICES_KEEP_DAYS": 30,
+    # Seconds between two ticks of the schedules under rq's cron (`manage.py rqcron
+    # nexo_django.durable.schedule_cron`, docs/schedules.md); a slot fires within this of its time.
+    "SCHEDULE_TICK": 30,
 }
 
 

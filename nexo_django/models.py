@@ -23,6 +23,7 @@ from django.db.models.query import MAX_GET_RESULTS
 
 from .core.errors import ConfigurationError
 from .display import mark_hidden
+from .schedule_models import Schedule, ScheduleSlot  # noqa: F401 - registered with the app
 from .storable import StoredJSONField, StoredTextField
 
 if TYPE_CHECKING:
@@ -148,6 +149,9 @@ class AgentRun(models.Model):
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children",
         help_text="The workflow run this agent run is a step of.", db_index=False,
     )
+    #: ``run_later(at=...)``: the job waits in rq's scheduled registry until then; the reconciler
+    #: and the queue's health count the run as waiting only from this time on.
+    not_before = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

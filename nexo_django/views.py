@@ -53,7 +53,7 @@ from .core.errors import (
     WorkflowError,
 )
 from .display import is_hidden
-from .durable import live, outcomes, refusals, runs, workflow_questions, workflow_runs
+from .durable import live, outcomes, refusals, runs, schedules, workflow_questions, workflow_runs
 from .durable.queue_health import queue_warning
 from .jsonbody import BadJSON, request_json
 from .models import (
@@ -348,6 +348,7 @@ class RunDetailView(LoginRequiredMixin, VisibleRunsMixin, DetailView):
         run: AgentRun = self.object
         context["can_cancel"] = self.may_cancel(run)
         context["can_follow_up"] = self.may_follow_up(run)
+        context["schedule"] = schedules.schedule_of(run)
         visible = self.get_queryset()
         context["conversation"] = conversation_entries(
             run, visible, lambda r: reverse("nexo_django:run_detail", args=[r.pk])

@@ -26,6 +26,7 @@ from ..bounded import preview
 from ..conf import nexo_settings
 from ..display import mark_hidden, reveal
 from ..durable import outcomes, rule_history, runs
+from ..durable import schedules as durable_schedules
 from ..durable.queue_health import queue_warning
 from ..models import (
     AgentRun,
@@ -35,7 +36,7 @@ from ..models import (
     RunStatus,
     ToolCall,
 )
-from . import audit, downloads, outbox, rules, targets, views, workflows
+from . import audit, downloads, outbox, rules, schedules, targets, views, workflows
 from .base import NexoModelAdmin
 from .filters import AgeFilter, AgentFilter, CapabilityFilter, RunAgentFilter, ToolFilter
 from .forms import DecisionForm
@@ -48,6 +49,8 @@ ApprovalRuleAdmin = rules.ApprovalRuleAdmin
 OpenQuestionAdmin = workflows.OpenQuestionAdmin
 #: registered on import: the channels' outbox (what was sent where, what failed and why)
 NoticeAdmin = outbox.NoticeAdmin
+#: registered on import: schedules, the runs they started and the slots they skipped
+ScheduleAdmin = schedules.ScheduleAdmin
 
 
 # --- shared pieces ---------------------------------------------------------------------------------
@@ -131,8 +134,11 @@ class PendingApprovalAdmin(NexoModelAdmin):
     def run_column(self, obj: ToolCall) -> SafeString:
         # The class name only (the dotted path is its title): the arguments need the width.
         by = format_html(" <small>by {}</small>", obj.run.created_by) if obj.run.created_by_id else ""
-        return format_html('<span title="{}">{}</span><br>{}{}', obj.agent, mark_hidden(obj.run.agent_name),
-                           self.run_link(obj.run_id), by)
+        origin = durable_schedules.schedule_of(obj.run)  # read from the run's row: no query
+        on = (format_html(' <small class="nexo-schedule">on schedule {}</small>', mark_hidden(str(origin.get("name"))))
+              if origin else "")
+        return format_html('<span title="{}">{}</span><br>{}{}{}', obj.agent, mark_hidden(obj.run.agent_name),
+                           self.run_link(obj.run_id), by, on)
 
     @admin.display(description="tool", ordering="name")
     def tool(self, obj: ToolCall) -> SafeString:

@@ -69,6 +69,7 @@ from .loading import (
     preview_shown,
     transcript_context,
 )
+from .schedules import scheduled_by
 from .workflows import workflow_context
 
 #: the inbox's and the run page's admins (``nexo_django.admin``), which import this module:
@@ -362,6 +363,7 @@ def _decision_page(
         "tool_name": reveal(call.name),
         "call_id": bounded_text(call.tool_call_id, budget=2_000, chars=200).html,
         "started_by": str(run.created_by) if run.created_by_id else "—",
+        "scheduled_by": scheduled_by(model_admin.admin_site.name, run),
         "age": timesince(call.created_at),
         "args_html": args.html,
         "args_clipped": args.clipped,
@@ -582,6 +584,7 @@ def run_detail_view(model_admin: AgentRunAdmin, request: HttpRequest, object_id:
         "result_html": bounded_text(run.result).html if run.result is not None else None,
         "error_html": bounded_text(run.error).html if run.error else None,
         "started_by": str(run.created_by) if run.created_by_id else "—",
+        "scheduled_by": scheduled_by(model_admin.admin_site.name, run),
         "calls": [_call_row(model_admin, c, stored_args[c.pk], stored_results[c.pk], run) for c in calls],
         "calls_window": calls_window,
         "call_counts": run_pages.call_counts(run),

@@ -39,7 +39,7 @@ from django.utils.module_loading import import_string
 
 from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, NexoError, StaleDecision
 from ..display import mark_hidden
-from ..durable import binding, refusals
+from ..durable import binding, refusals, schedule_notices
 from ..durable.outbox import DeliveryFailed, NothingToSay, notice_key
 from ..jsonbody import read_json
 from ..models import (
@@ -266,6 +266,10 @@ class SlackChannel(Channel):
         return None
 
     def send(self, notice: Notice) -> dict[str, Any] | None:
+        if notice.kind == schedule_notices.KIND:
+            title, text = schedule_notices.text(notice)
+            blocks = [{"type": "section", "text": {"type": "plain_text", "text": plain(text, 2900), "emoji": False}}]
+            return self.post(notice, channel=self.options["CHANNEL"], text=plain(title, 300), blocks=blocks)
         run, call = subject(notice)
         if run is None:
             raise NothingToSay("the run no longer exists")

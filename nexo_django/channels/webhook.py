@@ -37,7 +37,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.module_loading import import_string
 
 from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, StaleDecision
-from ..durable import refusals
+from ..durable import refusals, schedule_notices
 from ..durable.outbox import DeliveryFailed, Refused
 from ..jsonbody import read_json
 from ..models import AgentRun, CallStatus, Notice, ToolCall, WorkflowStep
@@ -93,6 +93,8 @@ def event(notice: Notice, run: AgentRun | None, call: ToolCall | None, *, args: 
     step = question_of(notice)
     if step is not None:
         body["question"] = describe_question(step)
+    if notice.kind == schedule_notices.KIND:
+        body["schedule"] = schedule_notices.describe(notice)
     if call is not None:
         body["call"] = describe_call(call, args=args)
         decision = describe_decision(call)

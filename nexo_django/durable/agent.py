@@ -10,6 +10,7 @@ store ``AgentRun`` rows), so they reach :mod:`nexo_django.durable.runs` when the
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
@@ -45,9 +46,10 @@ class Agent(CoreAgent):
         return _runs().start_run(cls, prompt, user=user, later=False, **kwargs)
 
     @classmethod
-    def run_later(cls, prompt: str, *, user: Any = None, **kwargs: Any) -> AgentRun:
-        """Durable, enqueued when the current transaction commits; returns the ``AgentRun``."""
-        return _runs().start_run(cls, prompt, user=user, later=True, **kwargs)
+    def run_later(cls, prompt: str, *, user: Any = None, at: datetime | None = None, **kwargs: Any) -> AgentRun:
+        """Durable, enqueued when the current transaction commits; returns the ``AgentRun``. With
+        ``at`` (an aware datetime), its job waits in rq's scheduler until then (docs/schedules.md)."""
+        return _runs().start_run(cls, prompt, user=user, later=True, at=at, **kwargs)
 
     @classmethod
     async def arun_later(cls, prompt: str, *, user: Any = None, **kwargs: Any) -> AgentRun:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -44,11 +45,12 @@ def job_id(run_id: Any, generation: int) -> str:
     return f"nexo-run-{run_id}-{generation}"
 
 
-def enqueue_run(run_id: Any, generation: int) -> None:
-    """Wake a worker for the run when the current transaction commits. Redis being unreachable
-    then is logged, not raised: the run is committed as queued and the reconciler sends its job
-    again (the caller gets the committed state, not an error about a wake-up)."""
-    transaction.on_commit(lambda: send_or_log(str(run_id), generation))
+def enqueue_run(run_id: Any, generation: int, *, at: datetime | None = None) -> None:
+    """Wake a worker for the run when the current transaction commits (with ``at``: put its job in
+    rq's scheduled job registry, for a worker's scheduler to move to the queue then). Redis being
+    unreachable then is logged, not raised: the run is committed as queued and the reconciler
+    sends its job again (the caller gets the committed state, not an error about a wake-up)."""
+    transaction.on_commit(lambda: send_or_log(str(run_id), generation, at=at))
 
 
 #: Runs whose last wake-up from this process could not be sent: run id -> why. A page that just
@@ -63,11 +65,11 @@ def unsent(run_id: Any) -> str | None:
     return _unsent.get(str(run_id))
 
 
-def send_or_log(run_id: str, generation: int) -> bool:
+def send_or_log(run_id: str, generation: int, *, at: datetime | None = None) -> bool:
     from redis.exceptions import RedisError
 
     try:
-        send(run_id, generation)
+        send(run_id, generation, at=at)
     except (RedisError, OSError) as exc:
         log.warning("run %s: its job could not be sent (%s: %s); the reconciler will send it again",
                     run_id, type(exc).__name__, exc)
@@ -79,20 +81,20 @@ def send_or_log(run_id: str, generation: int) -> bool:
     return True
 
 
-def send(run_id: str, generation: int) -> None:
+def send(run_id: str, generation: int, *, at: datetime | None = None) -> None:
     if is_inline():
         # In the caller's process: not a job of a worker, so its connections are left alone.
         import_string(INLINE_FUNC)(run_id)
         return
-    get_queue().enqueue_call(
-        func=JOB_FUNC,
-        args=(run_id,),
-        job_id=job_id(run_id, generation),
-        timeout=int(nexo_settings.JOB_TIMEOUT),
-        result_ttl=3600,
-        failure_ttl=7 * 24 * 3600,
-        description=f"nexo run {run_id}",
-    )
+    options: dict[str, Any] = {
+        "job_id": job_id(run_id, generation), "job_timeout": int(nexo_settings.JOB_TIMEOUT), "result_ttl": 3600,
+        "failure_ttl": 7 * 24 * 3600, "description": f"nexo run {run_id}",
+    }
+    if at is not None:
+        get_queue().enqueue_at(at, JOB_FUNC, run_id, **options)
+        return
+    options["timeout"] = options.pop("job_timeout")
+    get_queue().enqueue_call(func=JOB_FUNC, args=(run_id,), **options)
 
 
 _queues: dict[tuple[str, str], Any] = {}

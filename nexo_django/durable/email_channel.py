@@ -9,7 +9,7 @@ from typing import Any
 from django.utils import timezone
 
 from ..models import CallStatus, StepStatus, ToolCall, WorkflowStep
-from . import notify, question_notices
+from . import notify, question_notices, schedule_notices
 from .outbox import NothingToSay
 
 
@@ -21,6 +21,8 @@ class EmailNotices:
         self.options = options
 
     def send(self, notice: Any) -> dict[str, Any]:
+        if notice.kind == schedule_notices.KIND:
+            return {"sent": schedule_notices.send_email(notice)}
         if notice.kind in ("question.asked", "question.reminder"):
             return self._question(notice)
         reminder = notice.kind == "approval.reminder"

@@ -13,6 +13,7 @@ from ..models import AgentRun
 from .journal import JobTimeout, crash_point
 from .outbox import deliver
 from .runs import execute_run
+from .schedules import tick
 
 
 class RunFailed(Exception):
@@ -62,5 +63,14 @@ def deliver_notices(keys: list[str]) -> dict[str, str]:
     close_old_connections()
     try:
         return deliver(keys)
+    finally:
+        close_old_connections()
+
+
+def tick_schedules() -> str:
+    """Fire the schedules whose slot has come (what rq's cron enqueues: ``durable/schedule_cron.py``)."""
+    close_old_connections()
+    try:
+        return str(tick())
     finally:
         close_old_connections()

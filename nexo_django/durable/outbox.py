@@ -56,7 +56,8 @@ log = logging.getLogger("nexo_django.outbox")
 
 #: every kind of notice, in the order of a call's life
 KINDS = ("approval.requested", "approval.reminder", "approval.decided", "approval.expired", "run.done", "run.failed",
-         "run.cancelled", "question.asked", "question.reminder", "question.answered", "question.expired")
+         "run.cancelled", "question.asked", "question.reminder", "question.answered", "question.expired",
+         "schedule.paused")
 #: the channels the app ships, by their short name in ``BACKEND``
 BACKENDS = {
     "slack": "nexo_django.channels.slack.SlackChannel",
@@ -108,7 +109,8 @@ def configured() -> dict[str, dict[str, Any]]:
     if isinstance(notify, dict) and notify.get("EMAIL"):
         # The approvers' emails (durable/notify.py): one per suspension, listing its calls.
         found[EMAIL] = {**COMMON, "BACKEND": EMAIL_BACKEND, "EVENTS": ["approval.requested", "approval.reminder",
-                                                                      "question.asked", "question.reminder"],
+                                                                      "question.asked", "question.reminder",
+                                                                      "schedule.paused"],
                         "GROUPED": True, "REMIND_AFTER": notify.get("REMIND_AFTER")}
     return found
 
@@ -224,6 +226,22 @@ def write(kind: str, run_id: Any, now: datetime, *, payload: dict[str, Any] | No
     if found:
         Notice.objects.bulk_create([Notice(**dict(zip(COLUMNS, r, strict=True))) for r in found], ignore_conflicts=once)
     return [r[2] for r in found]
+
+
+def on_schedule_paused(schedule: Any, reason: str, run_id: Any, now: datetime) -> list[str]:
+    """Write the notices of a schedule paused (its runs failed in a row, or what it names no longer
+    imports) inside the transaction that pauses it, and deliver them once it commits. ``run_id``:
+    the last failed run, if any (the notice links it)."""
+    payload = {"schedule": schedule.pk, "name": schedule.name, "target": schedule.target, "reason": reason[:2000]}
+    subject = uuid.uuid4().hex[:12]  # each pause is a notice of its own
+    found = [Notice(channel=name, kind="schedule.paused", run_id=run_id, payload=payload, created_at=now,
+                    key=notice_key(name, "schedule.paused", f"schedule-{schedule.pk}", subject), next_attempt_at=now)
+             for name in listening("schedule.paused")]
+    if found:
+        Notice.objects.bulk_create(found)
+    keys = [n.key for n in found]
+    wake(keys)
+    return keys
 
 
 def on_question(kind: str, step: Any, now: datetime) -> list[str]:

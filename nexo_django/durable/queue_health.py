@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Q
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from ..core.errors import ConfigurationError
@@ -39,11 +40,18 @@ class QueueWarning:
         )
 
 
+def due_before(cutoff: datetime) -> Q:
+    """Runs due before ``cutoff``: all but those started with ``run_later(at=...)`` for a later
+    time (their job waits in rq's scheduled registry, not in the queue)."""
+    return Q(not_before__isnull=True) | Q(not_before__lt=cutoff)
+
+
 def waiting_runs(*, now: datetime | None = None, after: float = WAITING_AFTER) -> tuple[int, datetime | None]:
     """How many runs are queued since longer than ``after`` seconds, and the oldest change among them."""
     cutoff = (now or timezone.now()) - timedelta(seconds=after)
-    found = AgentRun.objects.filter(status=RunStatus.QUEUED, updated_at__lt=cutoff).aggregate(
-        n=Count("pk"), oldest=Min("updated_at")
+    found = AgentRun.objects.filter(due_before(cutoff), status=RunStatus.QUEUED, updated_at__lt=cutoff).aggregate(
+        # A run started with run_later(at=...) has waited since its time, not since it was stored.
+        n=Count("pk"), oldest=Min(Greatest("updated_at", Coalesce("not_before", "updated_at")))
     )
     return int(found["n"]), found["oldest"]
 
@@ -60,9 +68,10 @@ def queue_warning(
         return None  # a queue missing from RQ_QUEUES: check E003 says so
     now = now or timezone.now()
     if run is not None:
-        if run.status != RunStatus.QUEUED or run.updated_at >= now - timedelta(seconds=after):
+        cutoff = now - timedelta(seconds=after)
+        if run.status != RunStatus.QUEUED or run.updated_at >= cutoff or (run.not_before is not None and run.not_before >= cutoff):
             return None
-        waiting, oldest = 1, run.updated_at
+        waiting, oldest = 1, max(run.updated_at, run.not_before or run.updated_at)
     else:
         waiting, found = waiting_runs(now=now, after=after)
         if found is None:

@@ -29,7 +29,7 @@ from ..models import (
 )
 from . import dispatch, outbox, parents, probe, workflow_questions, workflow_runs
 from .expiry import expire_overdue, overdue_calls
-from .queue_health import queue_warning
+from .queue_health import due_before, queue_warning
 from .runs import transition, wake
 
 __all__ = ["Report", "reconcile"]
@@ -136,8 +136,10 @@ def expired_leases(now: datetime) -> QuerySet[AgentRun]:
 
 
 def _queued_before(before: datetime) -> QuerySet[AgentRun]:
-    """The runs queued since before ``before``: their job should have claimed them by now."""
-    return AgentRun.objects.filter(status=RunStatus.QUEUED, updated_at__lt=before).order_by()
+    """The runs queued since before ``before``: their job should have claimed them by now. A run
+    started with ``run_later(at=...)`` counts from its time: until then its job waits in rq's
+    scheduled registry, and a job Redis lost is sent again once the run is due."""
+    return AgentRun.objects.filter(due_before(before), status=RunStatus.QUEUED, updated_at__lt=before).order_by()
 
 
 def _changed_calls(since: datetime) -> QuerySet[ToolCall]:

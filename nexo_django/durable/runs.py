@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import PermissionDenied
@@ -70,6 +70,7 @@ from . import (
     rules,
     sql,
 )
+from . import later as later_module
 from .fixed import PENDING_APPROVAL
 from .insight import tally as insight_tally
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
@@ -101,6 +102,8 @@ WORKFLOW_CANCELLED = "nexo_django.durable.workflow_questions.expire_open_questio
 ACTIVE_OR_WAITING = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.NEEDS_ATTENTION)
 #: The key of ``AgentRun.options`` that pins a local workspace (see :func:`check_workspace`).
 WORKSPACE_PIN = "_workspace"
+#: The key of ``AgentRun.options`` naming what started the run (``{"schedule": id, "name": ...}``).
+ORIGIN = "_schedule"
 
 #: Constructor arguments that are not JSON, kept for runs started in this process only.
 _LIVE_OPTIONS: dict[str, dict[str, Any]] = {}
@@ -168,8 +171,11 @@ def _refresh_at_commit(run: AgentRun) -> None:
     transaction.on_commit(refresh)
 
 
-def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, **kwargs: Any) -> AgentRun:
+def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, at: datetime | None = None,
+              origin: dict[str, Any] | None = None, **kwargs: Any) -> AgentRun:
+    """``origin``: what started the run, kept in its options (a schedule: ``durable/schedules.py``)."""
     method = "run_later" if later else "run"
+    wait = later_module.not_before(f"{cls.__name__}.run_later", at)
     unknown = sorted(set(kwargs) - set(AGENT_OPTIONS))
     if unknown:
         raise TypeError(
@@ -201,10 +207,13 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
         # Pinned now: a resume hours later acts in this folder or not at all (a link in front of
         # it may be flipped meanwhile; see check_workspace).
         options[WORKSPACE_PIN] = agent.workspace.identity()  # type: ignore[attr-defined]
+    if origin:
+        options[ORIGIN] = origin
     run = driver.new(
         AgentRun, agent=cls.path(), prompt=prompt, status=RunStatus.QUEUED, created_by=_user(user),
         options={**options, "_live": sorted(live)} if live else options, generation=1,
         workspace=agent.workspace.spec() if agent.workspace.kind == "virtual" else None,
+        **({"not_before": wait} if wait is not None else {}),
     )
     messages = agent.initial_messages(prompt)
     if live:
@@ -224,7 +233,7 @@ def start_run(cls: type[Agent], prompt: str, *, user: Any = None, later: bool, *
     batch.insert(RunMessage, MESSAGE_COLUMNS, [(run.pk, i, m["role"], m, now) for i, m in enumerate(messages)])
     batch.insert(RunEvent, EVENT_COLUMNS, [(run.pk, "created", {"agent": cls.path(), "later": True}, now)])
     batch.run()
-    dispatch.enqueue_run(run.pk, run.generation)
+    dispatch.enqueue_run(run.pk, run.generation, at=wait)
     _refresh_at_commit(run)
     return run
 

@@ -13,6 +13,7 @@ loads its apps); the durable entry points reach :mod:`nexo_django.durable.workfl
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.agent import FROM_SETTINGS
@@ -95,9 +96,11 @@ class Workflow:
         return _runs().start_workflow(cls, payload, user=user, later=False, **options)
 
     @classmethod
-    def run_later(cls, payload: Any = None, user: Any = None, **options: Any) -> WorkflowRun:
-        """Durable, enqueued when the current transaction commits."""
-        return _runs().start_workflow(cls, payload, user=user, later=True, **options)
+    def run_later(cls, payload: Any = None, user: Any = None, *, at: datetime | None = None,
+                  **options: Any) -> WorkflowRun:
+        """Durable, enqueued when the current transaction commits; with ``at`` (an aware
+        datetime), its job waits in rq's scheduler until then (docs/schedules.md)."""
+        return _runs().start_workflow(cls, payload, user=user, later=True, at=at, **options)
 
 
 def _runs() -> Any:

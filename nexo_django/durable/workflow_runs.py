@@ -53,6 +53,7 @@ from ..models import (
     WorkflowStep,
 )
 from . import dispatch, outbox, parents, runs, sql
+from . import later as later_module
 from .deadlines import deadline
 from .journal import Heartbeat, RunInterrupted, crash_point
 from .workflow_questions import _event, answer
@@ -168,8 +169,10 @@ def pending_calls(run: AgentRun) -> QuerySet[ToolCall]:
 # --- starting -------------------------------------------------------------------------------------
 
 
-def start_workflow(cls: type[Any], payload: Any, *, user: Any, later: bool, **options: Any) -> WorkflowRun:
+def start_workflow(cls: type[Any], payload: Any, *, user: Any, later: bool, at: datetime | None = None,
+                   origin: dict[str, Any] | None = None, **options: Any) -> WorkflowRun:
     method = "run_later" if later else "run"
+    wait = later_module.not_before(f"{cls.__name__}.run_later", at)
     unknown = sorted(set(options) - set(WORKFLOW_OPTIONS))
     if unknown:
         raise TypeError(f"{cls.__name__}.{method}() got unknown argument(s) {', '.join(unknown)}; "
@@ -185,10 +188,12 @@ def start_workflow(cls: type[Any], payload: Any, *, user: Any, later: bool, **op
     stored: dict[str, Any] = {"payload": _as_stored(payload)}
     if sandbox.kind != "virtual":
         stored[SANDBOX_KEY] = sandbox.spec()
+    if origin:
+        stored[runs.ORIGIN] = origin
     run = AgentRun(
         agent=cls.path(), kind=RunKind.WORKFLOW, prompt=json.dumps(payload, ensure_ascii=False)[:2000],
         status=RunStatus.QUEUED, created_by=runs._user(user), options=stored, generation=1,
-        workspace=sandbox.spec() if sandbox.kind == "virtual" else None,
+        workspace=sandbox.spec() if sandbox.kind == "virtual" else None, not_before=wait,
     )
     with transaction.atomic():
         run.save(force_insert=True)
@@ -199,7 +204,7 @@ def start_workflow(cls: type[Any], payload: Any, *, user: Any, later: bool, **op
         execute_workflow(run)
         sql.refresh(run)
         return WorkflowRun(run)
-    dispatch.enqueue_run(run.pk, run.generation)
+    dispatch.enqueue_run(run.pk, run.generation, at=wait)
     if dispatch.is_inline():
         def refresh() -> None:
             if AgentRun.objects.filter(pk=run.pk).exists():
