@@ -27,5 +27,5 @@ def remove_schedule(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    dependencies = [("nexo_django", "0017_schedules")]
+    dependencies = [("nexo_django", "0018_schedules")]
     operations = [migrations.RunPython(add_schedule, remove_schedule)]

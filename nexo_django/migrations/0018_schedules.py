@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('nexo_django', '0016_insight'),
+        ('nexo_django', '0017_insight_wait_rows'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
