@@ -35,7 +35,7 @@ from ..models import (
     RunStatus,
     ToolCall,
 )
-from . import audit, downloads, outbox, rules, targets, views, workflows
+from . import audit, downloads, outbox, policies, rules, targets, views, workflows
 from .base import NexoModelAdmin
 from .filters import AgeFilter, AgentFilter, CapabilityFilter, RunAgentFilter, ToolFilter
 from .forms import DecisionForm
@@ -44,6 +44,7 @@ from .previews import CallPreview, call_preview
 
 #: registered on import, beside the inbox (rules are decisions made ahead of time)
 ApprovalRuleAdmin = rules.ApprovalRuleAdmin
+ApprovalPolicyAdmin = policies.ApprovalPolicyAdmin
 #: registered on import: the questions of workflows, beside the pending calls
 OpenQuestionAdmin = workflows.OpenQuestionAdmin
 #: registered on import: the channels' outbox (what was sent where, what failed and why)

@@ -43,6 +43,7 @@ from ..core.errors import (
 )
 from ..display import is_hidden, json_diff, json_for_editor, mark_hidden, reveal
 from ..durable import dispatch, outcomes, refusals, rule_history, runs
+from ..durable.policy.check import PolicyRefusal
 from ..jsonbody import read_json
 from ..models import AgentRun, CallStatus, Decision, RunStatus, ToolCall, args_digest
 from ..views import conversation_entries, neighbours
@@ -436,6 +437,9 @@ def _decide(
     except (StaleDecision, InvalidEditedArguments, ApprovalRefused) as exc:
         messages.error(request, f"Nothing changed: {mark_hidden(exc)}")
         return HttpResponseRedirect(here)
+    except PolicyRefusal as exc:  # the call's approval policy (durable.policy.check)
+        messages.error(request, f"Nothing changed: {mark_hidden(exc)}.")
+        return HttpResponseRedirect(here)
     if sandbox_said := refusals.refused(call):
         # Recorded (the approval, the call and its run failed): said as an error, not a success.
         messages.error(request, format_html(
@@ -490,9 +494,9 @@ def _decide_all_or_nothing(
                             source="admin-bulk")
                 if refusals.refused(call):
                     ended.add(call.run_id)
-    except TransitionError as exc:
+    except (TransitionError, PolicyRefusal) as exc:
         # The whole transaction rolled back: no decision, no wake-up was sent.
-        messages.error(request, f"Nothing was decided: {mark_hidden(exc)}")
+        messages.error(request, f"Nothing was decided: {mark_hidden(exc)}" + ("." if isinstance(exc, PolicyRefusal) else ""))
         return
     for call in calls:
         if refused := refusals.refused(call):

@@ -41,6 +41,7 @@ from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, Nexo
 from ..display import mark_hidden
 from ..durable import binding, refusals
 from ..durable.outbox import DeliveryFailed, NothingToSay, notice_key
+from ..durable.policy import check as policy_check
 from ..jsonbody import read_json
 from ..models import (
     AgentRun,
@@ -145,6 +146,9 @@ class SlackChannel(Channel):
             {"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(
                 [f"Deadline: {_when(call.expires_at)}", f"Run {str(run.pk)[:8]}", *links])}]},
         ]
+        if routed := policy_check.note(call, timezone.now()):  # who decides it, and how many have
+            blocks.insert(2, {"type": "context", "elements": [{"type": "plain_text", "emoji": False,
+                                                               "text": plain(routed, 300)}]})
         bound = binding.version_note(call)
         if bound:  # the version this message shows the write against, which Approve binds
             blocks.insert(2, {"type": "context", "elements": [{"type": "plain_text", "emoji": False,

@@ -1,0 +1,130 @@
+"""The admin of approval policies (:mod:`nexo_django.durable.policy`).
+
+Made, changed and removed by people with the decide permission, as standing rules are; whoever
+saves one becomes one of its authors and never decides the calls it routes. Every change is
+recorded with what the policy said before and after (:mod:`nexo_django.durable.policy.history`)
+and listed on its page. A policy that could not work is refused with the reason, nothing saved:
+no approver group, a quorum larger than the people who could approve, a target the gate's targets
+can never match, half an escalation, a reviewer that does not import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html_join
+
+from ..durable import agent_classes
+from ..durable.policy import history, matching
+from ..models import ApprovalPolicy, ApprovalPolicyChange
+from .base import DECIDE_PERMISSION
+
+
+class ApprovalPolicyForm(forms.ModelForm):
+    class Meta:
+        model = ApprovalPolicy
+        fields = ("name", "order", "enabled", "agent", "capability", "tool", "target", "approvers", "quorum",
+                  "escalate_after", "escalation_groups", "reviewer", "reviewer_may_deny")
+
+    #: the person saving (an author: not counted among those who could approve)
+    saver: Any = None
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        groups = list(data.get("approvers") or [])
+        if not groups:
+            raise forms.ValidationError({"approvers": "Choose at least one approver group: the policy routes the "
+                                                      "calls it matches to the people in it."})
+        quorum = data.get("quorum")
+        if quorum is not None:
+            if quorum < 1:
+                raise forms.ValidationError({"quorum": "A quorum is at least 1 approval."})
+            people = get_user_model()._default_manager.filter(groups__in=groups, is_active=True).distinct()
+            if self.saver is not None:
+                people = people.exclude(pk=self.saver.pk)
+            if self.instance.pk is not None:
+                people = people.exclude(pk__in=history.authors(self.instance.pk))
+            count = people.count()
+            if quorum > count:
+                names = ", ".join(g.name for g in groups)
+                raise forms.ValidationError({"quorum": (
+                    f"The quorum is {quorum} but {names} has {count} active member{'s' if count != 1 else ''} who "
+                    "could approve (the policy's authors never do): lower the quorum or add people to the group.")})
+        matching.validate(data.get("capability") or "", data.get("tool") or "", data.get("target") or "")
+        if bool(data.get("escalate_after")) != bool(list(data.get("escalation_groups") or [])):
+            raise forms.ValidationError({"escalate_after": "An escalation needs both a delay and at least one "
+                                                           "escalation group; give both, or neither."})
+        reviewer = data.get("reviewer") or ""
+        if reviewer:
+            try:
+                agent_classes.agent_class(reviewer)
+            except ImportError as exc:
+                raise forms.ValidationError({"reviewer": f"The reviewer {reviewer} does not import ({exc}); "
+                                                         "give the dotted path of an Agent class."}) from exc
+        elif data.get("reviewer_may_deny"):
+            raise forms.ValidationError({"reviewer_may_deny": "Only a reviewer may deny: name the reviewer agent, "
+                                                              "or leave this off."})
+        return data
+
+
+@admin.register(ApprovalPolicy)
+class ApprovalPolicyAdmin(admin.ModelAdmin):
+    form = ApprovalPolicyForm
+    list_display = ("name", "order", "enabled", "agent", "capability", "tool", "target", "quorum", "escalate_after",
+                    "reviewer", "changed_by")
+    list_filter = ("enabled", "capability")
+    search_fields = ("name", "agent", "tool", "target")
+    filter_horizontal = ("approvers", "escalation_groups")
+    readonly_fields = ("created_by", "created_at", "changed_by", "changed_at", "history")
+
+    def has_decide_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(DECIDE_PERMISSION))
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_decide_permission(request) or bool(request.user.is_active and request.user.is_staff)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return self.has_decide_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_decide_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_decide_permission(request)
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        return type(form.__name__, (form,), {"saver": request.user})
+
+    def save_model(self, request: HttpRequest, obj: ApprovalPolicy, form: Any, change: bool) -> None:
+        if not change:
+            obj.created_by = request.user  # type: ignore[assignment]
+        obj.changed_by = request.user  # type: ignore[assignment]  # an author from now on
+        super().save_model(request, obj, form, change)
+
+    def delete_model(self, request: HttpRequest, obj: ApprovalPolicy) -> None:
+        obj.deleted_by = request.user  # type: ignore[attr-defined]  # read by history.after_delete
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApprovalPolicy]) -> None:
+        with transaction.atomic():  # one by one: each deletion is recorded with who made it
+            for found in queryset:
+                self.delete_model(request, found)
+
+    @admin.display(description="changes")
+    def history(self, obj: ApprovalPolicy) -> Any:
+        changes = list(ApprovalPolicyChange.objects.filter(policy_pk=obj.pk).select_related("changed_by")[:50])
+        if not changes:
+            return "—"
+        return format_html_join("", "<div>{} {} by {}: {} → {}</div>", (
+            (c.changed_at.isoformat(" ", "seconds"), c.action, c.changed_by or "nobody known",
+             history.describe(c.before) or "—", history.describe(c.after) or "—") for c in changes))
