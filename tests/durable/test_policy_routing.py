@@ -3,16 +3,19 @@ suspended (scripted agents, both databases)."""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from nexo_django.durable.policy import matching
 from nexo_django.durable.policy.check import PolicyRefusal
 from nexo_django.models import ApprovalPolicyChange, CallStatus, RunStatus, ToolCall
+from tests.admin.support import client_for, decision_url
 from tests.durable.policy_support import member, nothing_decided, policy, waiting_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
@@ -126,3 +129,35 @@ def test_a_path_the_gate_cannot_normalise_is_routed_by_no_policy(tmp_path: Path,
     assert matching.target_of(call) is None
     assert matching.choose([any_path], call, "x") is None
     assert matching.choose([any_path], ToolCall(name="write", capability="write", args={"path": "a/./b"}), "x")
+
+
+def test_the_page_says_a_policy_was_deleted_since_and_who_decides(tmp_path: Path, people: dict[str, Any],
+                                                                 ops: Group) -> None:
+    found = policy(people["carol"], approvers=[ops])
+    call = waiting_call(tmp_path)
+    found.delete()
+    page = html.unescape(client_for(people["bob"]).get(decision_url(call)).content.decode())
+    assert "Decided by ops (approval policy “Notes”)" in page
+    assert ("Approval policy “Notes” was deleted after this call suspended; it is decided by what the policy "
+            "said then." in page)
+    assert "You cannot decide it: bob is not in ops" in page
+
+
+def _decision_statements(call: ToolCall, user: Any) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        call.approve(by=user)
+    return len(ctx.captured_queries)
+
+
+def test_statements_of_a_decision_without_and_with_policies(tmp_path: Path, people: dict[str, Any],
+                                                           ops: Group) -> None:
+    """No policy: what test_run_queries.py pins. Policies: a few more, for the routed call only."""
+    _decision_statements(waiting_call(tmp_path / "warm"), people["ann"])  # the statements prepared
+    bare = _decision_statements(waiting_call(tmp_path / "bare"), people["ann"])
+    policy(people["carol"], approvers=[ops], target="/deploy/*")
+    unmatched = _decision_statements(waiting_call(tmp_path / "unmatched"), people["ann"])
+    policy(people["carol"], approvers=[ops], name="All notes", order=1)
+    routed = _decision_statements(waiting_call(tmp_path / "routed"), people["ann"])
+    # Worked out once per call: the policies at its version (a SELECT), kept on it (an UPDATE);
+    # and for a routed call, "did ann change it" and "is ann in ops".
+    assert (unmatched - bare, routed - bare) == (2, 4)

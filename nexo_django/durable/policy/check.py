@@ -110,6 +110,21 @@ def note(call: ToolCall, now: datetime) -> str:
     return f"{text}; {progress}" if progress else text
 
 
+def drift(call: ToolCall) -> str:
+    """What a page says when the call's policy changed or went since the call suspended ("": it
+    did not, or no policy routes the call). One query, for a routed call only."""
+    policy = said(call)
+    if policy is None:
+        return ""
+    latest = history.latest(policy.get("id"))
+    name = f"Approval policy \u201c{policy.get('name')}\u201d"
+    if latest is None or latest.after is None:
+        return f"{name} was deleted after this call suspended; it is decided by what the policy said then."
+    if latest.pk > call.policy_version:
+        return f"{name} was changed after this call suspended; it is decided by what the policy said then."
+    return ""
+
+
 def payload(call: ToolCall, now: datetime) -> dict[str, Any] | None:
     """The webhook's ``"policy"`` of a routed call (None when no policy routes it)."""
     policy = said(call)

@@ -18,8 +18,13 @@ from ...models import ApprovalPolicy, ApprovalPolicyChange
 from . import matching
 
 
+def latest(policy_pk: Any) -> ApprovalPolicyChange | None:
+    """The policy's latest change (its deletion, if it was deleted)."""
+    return ApprovalPolicyChange.objects.filter(policy_pk=policy_pk).order_by("-id").first()
+
+
 def _last(policy_pk: Any) -> dict[str, Any] | None:
-    change = ApprovalPolicyChange.objects.filter(policy_pk=policy_pk).order_by("-id").first()
+    change = latest(policy_pk)
     return change.after if change is not None else None
 
 

@@ -52,7 +52,7 @@ def target_of(call: ToolCall) -> str | None:
         return rules.gate_path(call.capability, args)
     if call.capability == "shell":
         command = args.get("command")
-        return command if isinstance(command, str) else None
+        return command if isinstance(command, str) else ""  # a tool of the shell capability with no command
     if call.capability == "fetch":
         url = args.get("url")
         try:
@@ -81,7 +81,7 @@ def matches(policy: dict[str, Any], call: ToolCall, agent: str) -> bool:
     if not pattern:
         return True
     if call.capability == "shell":
-        return target == pattern
+        return bool(target) and target == pattern
     if call.capability == "fetch":
         pattern = pattern.lower()
     return bool(target) and fnmatch.fnmatchcase(target, pattern)
