@@ -66,7 +66,7 @@ class PendingApprovalAdmin(NexoModelAdmin):
     # The arguments come right after the tool so they stay on screen at 1280 px, sidebar open.
     list_display = ("requested", "tool", "arguments", "run_column")
     list_display_links = ("requested", "tool")
-    list_filter = (AgentFilter, ("name", ToolFilter), CapabilityFilter, AgeFilter)
+    list_filter = (policies.MineFilter, AgentFilter, ("name", ToolFilter), CapabilityFilter, AgeFilter)
     search_fields = ("run__id", "name")
     search_help_text = "Search by run id or tool name."
     ordering = ("created_at", "id")

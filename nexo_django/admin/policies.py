@@ -16,13 +16,15 @@ from django import forms
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html_join
 
+from ..conf import nexo_settings
 from ..durable import agent_classes
+from ..durable.policy import check as policy_check
 from ..durable.policy import history, matching
-from ..models import ApprovalPolicy, ApprovalPolicyChange
+from ..models import ApprovalPolicy, ApprovalPolicyChange, CallStatus, ToolCall
 from .base import DECIDE_PERMISSION
 
 
@@ -71,6 +73,35 @@ class ApprovalPolicyForm(forms.ModelForm):
             raise forms.ValidationError({"reviewer_may_deny": "Only a reviewer may deny: name the reviewer agent, "
                                                               "or leave this off."})
         return data
+
+
+class MineFilter(admin.SimpleListFilter):
+    """The inbox's "mine to decide": the calls this person may decide now (those no policy
+    routes, and those routed to one of their groups), not the ones they are refused."""
+
+    title = "who decides"
+    parameter_name = "decide"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("mine", "mine to decide")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() != "mine":
+            return queryset
+        policy_check.route_waiting()
+        user: Any = request.user
+        mine = Q(approver_groups="")
+        for pk in user.groups.values_list("pk", flat=True):
+            mine |= Q(approver_groups__contains=f",{pk},")
+        queryset = queryset.filter(mine)
+        if not nexo_settings.SELF_APPROVAL:
+            queryset = queryset.exclude(run__created_by_id=user.pk)
+        authored = sorted(set(ApprovalPolicyChange.objects.filter(changed_by_id=user.pk)
+                              .values_list("policy_pk", flat=True)))
+        if authored:  # nobody decides under a policy they changed
+            theirs = ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL, policy_said__id__in=authored)
+            queryset = queryset.exclude(pk__in=theirs.values("pk"))
+        return queryset
 
 
 @admin.register(ApprovalPolicy)

@@ -22,8 +22,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
+from django.db.models import F
 
-from ...models import ToolCall
+from ...models import CallStatus, ToolCall
 from . import history, matching, quorum
 
 #: Decisions nobody makes in person: not checked against a policy's groups.
@@ -48,10 +49,21 @@ def said(call: ToolCall) -> dict[str, Any] | None:
     if call.routed_version == version:
         return call.policy_said
     found = matching.choose(history.as_of(version), call, call.agent or call.run.agent)
-    groups = group_key(list(found["approvers"]) + list(found["escalation_groups"])) if found else ""
+    # The approvers only: the escalation groups join when the call is escalated (.escalation).
+    groups = group_key(list(found["approvers"])) if found else ""
     ToolCall.objects.filter(pk=call.pk).update(policy_said=found, routed_version=version, approver_groups=groups[:255])
     call.policy_said, call.routed_version, call.approver_groups = found, version, groups[:255]
     return found
+
+
+def route_waiting(limit: int = 1000) -> int:
+    """Work out :func:`said` for the waiting calls not routed yet (a list filtered by who may
+    decide reads ``approver_groups``); how many. One query when there are none."""
+    waiting = list(ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL, policy_version__gt=0)
+                   .exclude(routed_version=F("policy_version")).select_related("run")[:limit])
+    for call in waiting:
+        said(call)
+    return len(waiting)
 
 
 def escalated(call: ToolCall, policy: dict[str, Any], now: datetime) -> bool:
