@@ -36,3 +36,8 @@ class NexoDjangoConfig(AppConfig):
         for field in ("approvers", "escalation_groups"):
             m2m_changed.connect(policy_history.groups_changed, sender=getattr(ApprovalPolicy, field).through,
                                 dispatch_uid=f"nexo_django.policy.groups.{field}")
+        # The reviewer agent is sent the admin's preview of a call (durable.policy.reviewer).
+        from .admin.previews import preview_text
+        from .durable.policy import reviewer
+
+        reviewer.install(preview_text)

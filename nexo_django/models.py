@@ -397,6 +397,8 @@ class ToolCall(models.Model):
     #: The reviewer agent's advice: "low", "medium", "high" ("" : none) and why.
     risk = models.CharField(max_length=10, blank=True, default="")
     risk_reason = models.TextField(blank=True, default="")
+    #: When the reviewer denied it, where its policy lets it: the call still waits for a person.
+    reviewer_denied_at = models.DateTimeField(null=True, blank=True)
     #: Filled by the database when the row is written (pages read these, not a big value).
     args_size = stored_size("args")
     args_head = stored_head("args")

@@ -104,6 +104,31 @@ class MineFilter(admin.SimpleListFilter):
         return queryset
 
 
+def reviewers_configured() -> bool:
+    """Whether some approval policy names a reviewer agent (the inbox then shows its column)."""
+    return ApprovalPolicy.objects.exclude(reviewer="").exists()
+
+
+class RiskFilter(admin.SimpleListFilter):
+    """The reviewer agent's advice: its risk levels, its denials, no advice."""
+
+    title = "reviewer's risk"
+    parameter_name = "risk"
+    CHOICES = (("high", "high"), ("medium", "medium"), ("low", "low"), ("denied", "denied by the reviewer"),
+               ("unknown", "no advice (it failed)"))
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return list(self.CHOICES)
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value == "denied":
+            return queryset.filter(reviewer_denied_at__isnull=False)
+        if value in ("high", "medium", "low", "unknown"):
+            return queryset.filter(risk=value)
+        return queryset
+
+
 @admin.register(ApprovalPolicy)
 class ApprovalPolicyAdmin(admin.ModelAdmin):
     form = ApprovalPolicyForm

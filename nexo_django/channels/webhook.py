@@ -41,6 +41,7 @@ from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, Stal
 from ..durable import refusals
 from ..durable.outbox import DeliveryFailed, Refused
 from ..durable.policy import check as policy_check
+from ..durable.policy import reviewer
 from ..jsonbody import read_json
 from ..models import AgentRun, CallStatus, Notice, ToolCall, WorkflowStep
 from .base import Channel, admin_url, question_of, question_urls, run_urls, subject
@@ -120,6 +121,8 @@ class WebhookChannel(Channel):
 
     def send(self, notice: Notice) -> dict[str, Any] | None:
         run, call = subject(notice)
+        if notice.kind == "approval.requested" and call is not None and not reviewer.before_notice(call):
+            raise DeliveryFailed("the reviewer agent is still reviewing the call", retry_after=2)
         body = json.dumps(event(notice, run, call, args=bool(self.options["INCLUDE_ARGS"])),
                           ensure_ascii=False, default=str, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "Idempotency-Key": notice.key, "X-Nexo-Event": notice.kind,

@@ -155,5 +155,10 @@ class Migration(migrations.Migration):
                 'indexes': [models.Index(fields=['policy_pk', 'changed_by'], name='nexo_policychange_by')],
             },
         ),
+        migrations.AddField(
+            model_name='toolcall',
+            name='reviewer_denied_at',
+            field=models.DateTimeField(blank=True, null=True),
+        ),
         migrations.RunPython(add_trigger, drop_trigger, elidable=False),
     ]

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group
+from django.utils import timezone
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
+from nexo_django.durable.recovery import reconcile
 from tests.admin.support import INBOX, make_user
 from tests.admin.test_browser_admin import log_in, save
 from tests.admin.test_browser_inbox import ChangelogEditor
@@ -55,3 +57,28 @@ def test_mine_to_decide_lists_the_calls_routed_to_my_groups_and_the_unrouted(
     notes = next(r for r in browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr") if "notes.txt" in r.text)
     notes.find_element(By.CSS_SELECTOR, "th a, td a").click()
     assert "Decided by ops (approval policy “Notes”)" in browser.find_element(By.ID, "policy").text
+
+
+def test_the_reviewers_risk_is_shown_sortable_and_filterable(
+    browser: webdriver.Chrome, live_server: Any, tmp_path: Path
+) -> None:
+    ops = Group.objects.create(name="ops")
+    olga = make_user("olga", "nexo_django.decide_toolcall", password="olga-pass")
+    olga.groups.add(ops)
+    carol = make_user("carol", "nexo_django.decide_toolcall")
+    policy(carol, approvers=[ops], reviewer="tests.durable.reviewer_agents.HighRisk")
+    (tmp_path / "notes").mkdir()
+    Scribe.run("write notes", cwd=tmp_path / "notes")
+    ChangelogEditor.run("Add 1.4 to the changelog.", cwd=tmp_path)  # no policy: no review
+    reconcile(now=timezone.now())  # the reviewer's pass
+    log_in(browser, live_server.url, "olga", "olga-pass")
+    browser.get(live_server.url + INBOX)
+    cell = browser.find_element(By.CSS_SELECTOR, "#result_list td.field-risk_column .nexo-risk")
+    assert cell.text == "high" and cell.get_attribute("title").startswith("it overwrites the notes")
+    browser.find_element(By.CSS_SELECTOR, "#result_list th.column-risk_column a").click()  # sort by it
+    assert "o=" in browser.current_url and len(rows(browser)) == 2
+    browser.get(live_server.url + INBOX)
+    browser.find_element(By.LINK_TEXT, "high").click()
+    [only] = rows(browser)
+    assert "notes.txt" in only and "high" in only
+    save(browser, "inbox-risk.png")

@@ -67,11 +67,13 @@ def route_waiting(limit: int = 1000) -> int:
 
 
 def escalated(call: ToolCall, policy: dict[str, Any], now: datetime) -> bool:
-    """Whether the escalation groups may decide now: the policy's delay has passed since the call
-    began to wait."""
+    """Whether the escalation groups may decide now: the call was escalated (by the reconciler),
+    or the policy's delay has passed since it began to wait."""
     after = policy.get("escalate_after")
     if not after or not policy.get("escalation_groups"):
         return False
+    if call.escalated_at is not None:
+        return True
     return call.created_at + timedelta(seconds=float(after)) <= now
 
 
@@ -119,7 +121,15 @@ def note(call: ToolCall, now: datetime) -> str:
     if escalated(call, policy, now):
         text += ", escalated"
     progress = quorum.progress(call, policy)
-    return f"{text}; {progress}" if progress else text
+    if progress:
+        text += f"; {progress}"
+    if call.reviewer_denied_at is not None:
+        text += f"; the reviewer agent denied it ({call.risk} risk: {call.risk_reason}): deny to confirm, approve to reverse"
+    elif call.risk in ("low", "medium", "high"):
+        text += f"; the reviewer agent rates it {call.risk} risk: {call.risk_reason}"
+    elif call.risk == "unknown":
+        text += f"; no advice from the reviewer agent: {call.risk_reason}"
+    return text
 
 
 def drift(call: ToolCall) -> str:
@@ -148,14 +158,16 @@ def payload(call: ToolCall, now: datetime) -> dict[str, Any] | None:
             "approvals": [{"by": str(a.approved_by or ""), "at": a.approved_at.isoformat()} for a in quorum.approvals(call)]}
 
 
-def narrow(users: Any, calls: Any, now: datetime) -> Any:
+def narrow(users: Any, calls: Any, now: datetime, *, escalation: bool = False) -> Any:
     """``users`` (a queryset) narrowed to those who may decide each of ``calls`` its policy routes:
-    the notices and reminders of a routed call go to its groups only."""
+    the notices and reminders of a routed call go to its groups only (``escalation``: to its
+    escalation groups only)."""
     for call in calls:
         policy = said(call)
         if policy is None:
             continue
-        users = users.filter(groups__in=deciders(call, policy, now) or [0]).exclude(
+        groups = list(policy.get("escalation_groups") or []) if escalation else deciders(call, policy, now)
+        users = users.filter(groups__in=groups or [0]).exclude(
             pk__in=history.authors(policy.get("id"))).distinct()
     return users
 
