@@ -25,7 +25,7 @@ from ..durable import agent_classes
 from ..durable.policy import check as policy_check
 from ..durable.policy import history, matching
 from ..models import ApprovalPolicy, ApprovalPolicyChange, CallStatus, ToolCall
-from .base import DECIDE_PERMISSION
+from .base import DecidedAheadAdmin
 
 
 class ApprovalPolicyForm(forms.ModelForm):
@@ -130,7 +130,7 @@ class RiskFilter(admin.SimpleListFilter):
 
 
 @admin.register(ApprovalPolicy)
-class ApprovalPolicyAdmin(admin.ModelAdmin):
+class ApprovalPolicyAdmin(DecidedAheadAdmin):
     form = ApprovalPolicyForm
     list_display = ("name", "order", "enabled", "agent", "capability", "tool", "target", "quorum", "escalate_after",
                     "reviewer", "changed_by")
@@ -138,24 +138,6 @@ class ApprovalPolicyAdmin(admin.ModelAdmin):
     search_fields = ("name", "agent", "tool", "target")
     filter_horizontal = ("approvers", "escalation_groups")
     readonly_fields = ("created_by", "created_at", "changed_by", "changed_at", "history")
-
-    def has_decide_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.has_perm(DECIDE_PERMISSION))
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self.has_decide_permission(request) or bool(request.user.is_active and request.user.is_staff)
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return self.has_decide_permission(request)
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self.has_decide_permission(request)
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self.has_decide_permission(request)
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change=change, **kwargs)

@@ -192,3 +192,17 @@ def test_the_page_shows_the_approvals_so_far_and_the_audit_lists_each(people: di
     [row] = json.loads(exported)
     assert [(a["by"], a["source"]) for a in row["approvals"]] == [("olga", "admin"), ("otto", "admin")]
     assert row["policy"]["name"] == "Notes" and row["policy"]["quorum"] == 2 and row["decided_by"] == "otto"
+
+
+def test_a_quorum_reached_before_a_crash_is_decided_by_the_next_approval(people: dict[str, Any],
+                                                                        counter: Path) -> None:
+    """The Nth approval committed, then its process died before the decision: the next try
+    (theirs again) finds the count reached and decides, once."""
+    call = bumping()
+    call.approve(by=people["olga"])
+    Approval.objects.create(tool_call=call, approved_by=people["otto"], digest=call.digest)  # then the crash
+    nothing_decided(call)
+    decision = call.approve(by=people["otto"])
+    assert isinstance(decision, Decision)
+    assert counter.read_text().split() == ["one"]
+    assert Approval.objects.filter(tool_call=call).count() == 2
