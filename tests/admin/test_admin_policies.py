@@ -98,3 +98,21 @@ def test_someone_without_the_decide_permission_cannot_add_a_policy(ops: Group) -
     viewer = make_user("vic")
     assert csrf_post(client_for(viewer), ADD, form(ops)).status_code == 403
     assert not ApprovalPolicy.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mine_to_decide_leaves_out_own_runs_and_calls_of_a_policy_one_changed(
+        ops: Group, tmp_path: Any, settings: Any) -> None:
+    from tests.admin.support import INBOX
+    from tests.durable.policy_support import policy, waiting_call
+
+    settings.NEXO = {"SELF_APPROVAL": False}
+    olga = ops.user_set.get(username="olga")
+    otto = ops.user_set.get(username="otto")
+    policy(otto, approvers=[ops])  # otto wrote it: never decides under it
+    routed = waiting_call(tmp_path / "a")
+    own = waiting_call(tmp_path / "b", user=olga)
+    page = client_for(olga).get(INBOX, {"decide": "mine"}).content.decode()
+    assert f"/{routed.pk}/change/" in page and f"/{own.pk}/change/" not in page
+    page = client_for(otto).get(INBOX, {"decide": "mine"}).content.decode()
+    assert f"/{routed.pk}/change/" not in page and f"/{own.pk}/change/" not in page

@@ -16,13 +16,14 @@ from django.contrib.auth.models import Group
 from django.test import Client
 
 from nexo_django.durable.policy.check import PolicyRefusal
-from nexo_django.models import CallStatus, ToolCall
+from nexo_django.models import Approval, CallStatus, Decision, ToolCall
 from tests.admin.support import INBOX, client_for, csrf_post, decision_url
 from tests.channel_servers import SlackServer, WebhookReceiver
 from tests.channels.test_slack import click, message_of, text_of
 from tests.channels.test_webhook import decision_body, post
 from tests.durable.every_path import SITE, approver, every_channel, page_form
 from tests.durable.policy_support import member, nothing_decided, policy, waiting_call
+from tests.durable_agents import Bumper
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
@@ -146,3 +147,33 @@ def test_a_non_member_is_refused_on_every_path_scripted(
     PATHS[path](routed, ann, {"mailbox": mailoutbox, "slack": slack, "hook": hook})
     nothing_decided(routed)
     assert routed.status == CallStatus.PENDING_APPROVAL
+
+
+def test_a_quorum_is_reached_across_slack_the_webhook_and_the_json_endpoint_scripted(
+    tmp_path: Path, channels: tuple[SlackServer, WebhookReceiver], ann: Any, counter: Path,
+) -> None:
+    """Three members, three paths: the first two approvals wait, the third runs the call once."""
+    slack, hook = channels
+    ops = Group.objects.create(name="ops")
+    ann.groups.add(ops)  # Slack's U1
+    member("olga", ops)  # the webhook's "olga"
+    otto = member("otto", ops)
+    policy(member("carol"), approvers=[ops], quorum=3, capability="", tool="bump", target="")
+    run = Bumper.run("bump")
+    call = ToolCall.objects.get(run=run)
+    assert "Decided by ops (approval policy “Notes”); 0 of 3 approved" in text_of(message_of(slack, call))
+    assert click(call, slack).status_code == 200
+    assert post(decision_body(call, user="olga")).status_code == 200
+    nothing_decided(call)
+    assert sorted(Approval.objects.values_list("channel_user", flat=True)) == ["slack:T0001/U1", "webhook:olga"]
+    by_json_approve = client_for(otto)
+    by_json_approve.get(f"/runs/{run.pk}/status/")
+    response = by_json_approve.post(f"/runs/{run.pk}/calls/{call.pk}/decide/",
+                                    json.dumps({"verdict": "approve", "digest": call.digest}),
+                                    content_type="application/json",
+                                    headers={"X-CSRFToken": by_json_approve.cookies["csrftoken"].value})
+    assert response.status_code == 200, response.content
+    assert Decision.objects.get(tool_call=call).decided_by == otto
+    assert counter.read_text().split() == ["one"]
+    [row] = [e for e in hook.posts if e["type"] == "approval.decided"]
+    assert [a["by"] for a in row["call"]["policy"]["approvals"]] == ["ann", "olga", "otto"]
