@@ -17,6 +17,7 @@ from nexo_django.durable.policy.check import PolicyRefusal
 from nexo_django.models import ApprovalPolicyChange, CallStatus, RunStatus, ToolCall
 from tests.admin.support import client_for, decision_url
 from tests.durable.policy_support import member, nothing_decided, policy, waiting_call
+from tests.durable_agents import Scribe
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
@@ -161,3 +162,16 @@ def test_statements_of_a_decision_without_and_with_policies(tmp_path: Path, peop
     # Worked out once per call: the policies at its version (a SELECT), kept on it (an UPDATE);
     # and for a routed call, "did ann change it" and "is ann in ops".
     assert (unmatched - bare, routed - bare) == (2, 4)
+
+
+def test_a_standing_rule_does_not_approve_a_routed_call(tmp_path: Path, people: dict[str, Any], ops: Group) -> None:
+    from nexo_django.models import ApprovalRule, Decision
+
+    policy(people["carol"], approvers=[ops])
+    ApprovalRule.objects.create(agent="", tool="write", path="/notes*", created_by=people["bob"])
+    call = waiting_call(tmp_path)  # the rule matched, and left it to ops
+    nothing_decided(call)
+    ApprovalRule.objects.update(verdict="denied")  # a denial by rule stands
+    (tmp_path / "b").mkdir()
+    run = Scribe.run("write hi", cwd=tmp_path / "b")
+    assert Decision.objects.get(tool_call__run=run).source == "rule"

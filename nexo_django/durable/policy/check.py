@@ -13,7 +13,8 @@ was ever written a suspension and a decision cost no statement more than before.
 Under a policy, only a person in its approver groups (or, once it is escalated, its escalation
 groups) decides; nobody who created or changed the policy; nobody without a person (``by=None``).
 Each refusal is a :class:`PolicyRefusal` (``PermissionDenied``) of one sentence, and records
-nothing. A standing rule's decision and an expiry are not a person's and are not checked here.
+nothing. An expiry is nobody's and is not checked; a standing rule does not approve a routed call
+(its denial stands): the call waits for the policy's approvers.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.db.models import F
 
+from ...core.errors import ApprovalRefused
 from ...models import CallStatus, ToolCall
 from . import history, matching, quorum
 
-#: Decisions nobody makes in person: not checked against a policy's groups.
+#: Decisions nobody makes in person: not checked against a policy's groups (a standing rule's
+#: approval of a routed call is refused, its denial stands).
 UNCHECKED_SOURCES = frozenset({"expiry", "rule"})
 
 
@@ -172,11 +175,28 @@ def narrow(users: Any, calls: Any, now: datetime, *, escalation: bool = False) -
     return users
 
 
+def _routed_now(call: ToolCall) -> bool:
+    """Whether a policy routes ``call``, read from the database (a standing rule's approval comes
+    right after the suspension, from the row in memory: the version the database stamped on it is
+    read here, one query for a rule's approval only)."""
+    stored = ToolCall.objects.filter(pk=call.pk).values_list("policy_version", "routed_version", "policy_said").first()
+    if stored is None:
+        return False
+    call.policy_version, call.routed_version, call.policy_said = stored
+    return said(call) is not None
+
+
 def gate(call: ToolCall, *, by: Any, approved: bool, args: Any, note: str, digest: str | None, source: str,
          now: datetime) -> Any:
     """Before ``decide()`` records anything: refuse (:class:`PolicyRefusal`) a person the call's
     policy does not let decide it; record an approval that is not yet the last one its quorum
     needs and return it (``decide()`` returns it then, and decides nothing). None: decide now."""
+    if source == "rule":
+        if approved and _routed_now(call):
+            raise ApprovalRefused(f"{call.name} call {call.tool_call_id} is routed by approval policy "
+                                  f"\u201c{(call.policy_said or {}).get('name')}\u201d: its approvers decide it, "
+                                  "not a standing rule")
+        return None
     if source in UNCHECKED_SOURCES or not call.policy_version:
         return None
     why = refusal(call, by, now)
