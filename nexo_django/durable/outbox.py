@@ -55,9 +55,9 @@ from . import dispatch
 log = logging.getLogger("nexo_django.outbox")
 
 #: every kind of notice, in the order of a call's life
-KINDS = ("approval.requested", "approval.reminder", "approval.escalated", "approval.decided", "approval.expired",
-         "run.done", "run.failed", "run.cancelled", "question.asked", "question.reminder", "question.answered",
-         "question.expired")
+KINDS = ("approval.requested", "approval.reminder", "approval.escalated", "approval.progress", "approval.decided",
+         "approval.expired", "run.done", "run.failed", "run.cancelled", "question.asked", "question.reminder",
+         "question.answered", "question.expired")
 #: the channels the app ships, by their short name in ``BACKEND``
 BACKENDS = {
     "slack": "nexo_django.channels.slack.SlackChannel",

@@ -163,7 +163,12 @@ def test_a_quorum_is_reached_across_slack_the_webhook_and_the_json_endpoint_scri
     call = ToolCall.objects.get(run=run)
     assert "Decided by ops (approval policy “Notes”); 0 of 3 approved" in text_of(message_of(slack, call))
     assert click(call, slack).status_code == 200
+    # The message says so at once (an approval.progress notice); the webhook hears of it too.
+    assert "Decided by ops (approval policy “Notes”); 1 of 3 approved, by ann" in text_of(message_of(slack, call))
     assert post(decision_body(call, user="olga")).status_code == 200
+    assert "2 of 3 approved, by ann, olga" in text_of(message_of(slack, call))
+    assert [e["call"]["policy"]["approvals"][-1]["by"] for e in hook.posts if e["type"] == "approval.progress"] == [
+        "ann", "olga"]
     nothing_decided(call)
     assert sorted(Approval.objects.values_list("channel_user", flat=True)) == ["slack:T0001/U1", "webhook:olga"]
     by_json_approve = client_for(otto)

@@ -14,10 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from ...core.errors import AlreadyDecided, InvalidEditedArguments, StaleDecision
-from ...models import AgentRun, Approval, CallStatus, RunEvent, ToolCall
-from .. import sql
+from ...models import AgentRun, Approval, CallStatus, Notice, RunEvent, ToolCall
+from .. import outbox, sql
 
 
 def approvals(call: ToolCall) -> list[Approval]:
@@ -59,9 +60,17 @@ def approve(call: ToolCall, policy: dict[str, Any], user: Any, *, args: Any, not
         except IntegrityError:
             approval = None  # theirs is already recorded
         count = Approval.objects.filter(tool_call_id=call.pk).count()
+        keys: list[str] = []
         if approval is not None and count < needed:
             RunEvent.objects.create(run_id=call.run_id, type="approval", data={
                 "call": call.tool_call_id, "by": str(user), "source": source, "approvals": count, "needed": needed})
+            # The channels hear of it (Slack updates its message: "1 of 2 approved, by ..."), once each.
+            found = outbox.rows("approval.progress", call.run_id, [call.tool_call_id], timezone.now(),
+                                {"approvals": count, "needed": needed}, subject=f"{call.tool_call_id}:{count}")
+            Notice.objects.bulk_create([Notice(**dict(zip(outbox.COLUMNS, r, strict=True))) for r in found],
+                                       ignore_conflicts=True)
+            keys = [r[2] for r in found]
+        outbox.wake(keys)
     if count >= needed:
         return None
     if approval is None:
