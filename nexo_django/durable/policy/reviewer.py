@@ -158,6 +158,11 @@ def review(call: ToolCall, now: datetime | None = None) -> bool:
 def before_notice(call: ToolCall) -> bool:
     """Called by a channel before it announces ``call``: review it first. False when another
     process's review is under way (the channel tries again shortly), at most for the review's bound."""
+    if not call.policy_version:
+        return True  # no policy was written when it suspended: nothing to review, no query
+    policy = check.said(call)
+    if not policy or not policy.get("reviewer"):
+        return True  # no policy routes it, or its policy names no reviewer
     review(call)
     current = ToolCall.objects.filter(pk=call.pk).values_list("risk", "updated_at").first()
     if current is None or current[0] != REVIEWING:
