@@ -13,13 +13,14 @@ class NexoDjangoConfig(AppConfig):
         # operations, and a saved or deleted standing rule is looked up again. No database, no
         # Redis. Imported here, not at the top: this module loads before the models can
         # (Django's app loading order), and these imports load models.
-        from django.db.models.signals import post_delete, post_save, pre_save
+        from django.db.models.signals import m2m_changed, post_delete, post_save, pre_save
 
         from . import checks  # noqa: F401
         from .durable import rule_history
         from .durable.operations import DurableOperations
+        from .durable.policy import history as policy_history
         from .durable.rules import forget
-        from .models import ApprovalRule, install_operations
+        from .models import ApprovalPolicy, ApprovalRule, install_operations
 
         install_operations(DurableOperations())
         for signal in (post_save, post_delete):
@@ -28,3 +29,15 @@ class NexoDjangoConfig(AppConfig):
         pre_save.connect(rule_history.before_save, sender=ApprovalRule, dispatch_uid="nexo_django.rules.before_save")
         post_save.connect(rule_history.after_save, sender=ApprovalRule, dispatch_uid="nexo_django.rules.after_save")
         post_delete.connect(rule_history.after_delete, sender=ApprovalRule, dispatch_uid="nexo_django.rules.after_delete")
+        # And every change of an approval policy, its groups too (durable.policy.history).
+        pre_save.connect(policy_history.before_save, sender=ApprovalPolicy, dispatch_uid="nexo_django.policy.before_save")
+        post_save.connect(policy_history.after_save, sender=ApprovalPolicy, dispatch_uid="nexo_django.policy.after_save")
+        post_delete.connect(policy_history.after_delete, sender=ApprovalPolicy, dispatch_uid="nexo_django.policy.after_delete")
+        for field in ("approvers", "escalation_groups"):
+            m2m_changed.connect(policy_history.groups_changed, sender=getattr(ApprovalPolicy, field).through,
+                                dispatch_uid=f"nexo_django.policy.groups.{field}")
+        # The reviewer agent is sent the admin's preview of a call (durable.policy.reviewer).
+        from .admin.previews import preview_text
+        from .durable.policy import reviewer
+
+        reviewer.install(preview_text)

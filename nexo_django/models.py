@@ -389,6 +389,20 @@ class ToolCall(models.Model):
     #: call, or the file could not be looked at): what every notice showed, so what an approval
     #: that passes no later version is bound to (durable.binding).
     suspension_version = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001 - None: none taken
+    #: The policies' version when the call suspended (set by the database as the row is written:
+    #: see durable.policy), the version ``policy_said`` was worked out at, and what it said (the
+    #: policy, its groups, quorum, escalation), kept when the policy changes or goes.
+    policy_version = models.BigIntegerField(default=0)
+    routed_version = models.BigIntegerField(default=0)
+    policy_said = models.JSONField(null=True, blank=True)
+    #: ",3,7,": the approver (and, once escalated, escalation) groups' ids, for "mine to decide".
+    approver_groups = models.CharField(max_length=255, blank=True, default="")
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    #: The reviewer agent's advice: "low", "medium", "high" ("" : none) and why.
+    risk = models.CharField(max_length=10, blank=True, default="")
+    risk_reason = models.TextField(blank=True, default="")
+    #: When the reviewer denied it, where its policy lets it: the call still waits for a person.
+    reviewer_denied_at = models.DateTimeField(null=True, blank=True)
     #: Filled by the database when the row is written (pages read these, not a big value).
     args_size = stored_size("args")
     args_head = stored_head("args")
@@ -869,3 +883,9 @@ class DismissedSuggestion(models.Model):
 
     def __str__(self) -> str:
         return mark_hidden(f"dismissed {self.tool} {self.path} for {self.agent.rsplit('.', 1)[-1]}")
+
+
+# The approval policies' models (nexo_django.durable.policy), defined beside these.
+from .policy_models import Approval as Approval  # noqa: E402
+from .policy_models import ApprovalPolicy as ApprovalPolicy  # noqa: E402
+from .policy_models import ApprovalPolicyChange as ApprovalPolicyChange  # noqa: E402

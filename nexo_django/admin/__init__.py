@@ -36,7 +36,7 @@ from ..models import (
     RunStatus,
     ToolCall,
 )
-from . import audit, downloads, outbox, rules, schedules, targets, views, workflows
+from . import audit, downloads, outbox, policies, rules, schedules, targets, views, workflows
 from .base import NexoModelAdmin
 from .filters import AgeFilter, AgentFilter, CapabilityFilter, RunAgentFilter, ToolFilter
 from .forms import DecisionForm
@@ -45,6 +45,7 @@ from .previews import CallPreview, call_preview
 
 #: registered on import, beside the inbox (rules are decisions made ahead of time)
 ApprovalRuleAdmin = rules.ApprovalRuleAdmin
+ApprovalPolicyAdmin = policies.ApprovalPolicyAdmin
 #: registered on import: the questions of workflows, beside the pending calls
 OpenQuestionAdmin = workflows.OpenQuestionAdmin
 #: registered on import: the channels' outbox (what was sent where, what failed and why)
@@ -68,7 +69,8 @@ class PendingApprovalAdmin(NexoModelAdmin):
     # The arguments come right after the tool so they stay on screen at 1280 px, sidebar open.
     list_display = ("requested", "tool", "arguments", "run_column")
     list_display_links = ("requested", "tool")
-    list_filter = (AgentFilter, ("name", ToolFilter), CapabilityFilter, AgeFilter)
+    list_filter = (policies.MineFilter, policies.RiskFilter, AgentFilter, ("name", ToolFilter), CapabilityFilter,
+                   AgeFilter)
     search_fields = ("run__id", "name")
     search_help_text = "Search by run id or tool name."
     ordering = ("created_at", "id")
@@ -158,6 +160,20 @@ class PendingApprovalAdmin(NexoModelAdmin):
             '{}<span class="nexo-preview">{}</span><input type="hidden" name="digest_{}" value="{}">',
             lead, preview(obj.args), obj.pk, obj.digest,
         )
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        # The reviewer agent's column where some approval policy names one (durable.policy.reviewer).
+        shown = super().get_list_display(request)
+        return (*shown, "risk_column") if policies.reviewers_configured() else shown
+
+    @admin.display(description="risk", ordering="risk")
+    def risk_column(self, obj: ToolCall) -> SafeString:
+        # The reviewer agent's advice (durable.policy.reviewer), its reason as the title.
+        if not obj.risk:
+            return format_html("{}", "—")
+        label = f"{obj.risk}, denied" if obj.reviewer_denied_at else obj.risk
+        return format_html('<span class="nexo-risk {}" title="{}">{}</span>', obj.risk, mark_hidden(obj.risk_reason),
+                           label)
 
     @admin.display(description="started by", ordering="run__created_by")
     def started_by(self, obj: ToolCall) -> str:

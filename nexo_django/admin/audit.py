@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 CHUNK = 2000
 COLUMNS = ("decided_at", "verdict", "source", "decided_by", "channel_user", "run", "agent", "tool", "call_id",
-           "capability", "args", "digest", "edited", "stop", "note", "rule", "rule_said", "outcome", "outcome_detail")
+           "capability", "args", "digest", "edited", "stop", "note", "rule", "rule_said", "outcome", "outcome_detail",
+           "policy", "approvals", "risk", "risk_reason")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 #: (label, filter) of each outcome: an expiry is neither a person's denial nor a rule's
@@ -83,6 +84,13 @@ def row(decision: Decision) -> dict[str, Any]:
         # What happened after the decision (durable.outcomes), from the call's row.
         "outcome": happened.kind,
         "outcome_detail": happened.text,
+        # The approval policy that routed it (as it was when the call suspended), each approval
+        # of its quorum (who, when, from where), and the reviewer agent's advice.
+        "policy": call.policy_said,
+        "approvals": [{"by": str(a.approved_by or ""), "at": a.approved_at.isoformat(), "source": a.source}
+                      for a in call.approvals.all()],
+        "risk": call.risk,
+        "risk_reason": call.risk_reason,
     }
 
 
@@ -154,7 +162,8 @@ def export_view(model_admin: ModelAdmin[Any], request: HttpRequest, fmt: str) ->
         changelist = model_admin.get_changelist_instance(request)
     except IncorrectLookupParameters:
         return HttpResponseBadRequest("these filters are not the changelist's; export from the decisions page")
-    queryset = changelist.get_queryset(request).select_related("tool_call", "decided_by")
+    queryset = changelist.get_queryset(request).select_related("tool_call", "decided_by").prefetch_related(
+        "tool_call__approvals__approved_by")
     if "nexo_run_status" not in queryset.query.annotations:  # a project's own admin, not DecisionAdmin's
         queryset = queryset.annotate(nexo_run_status=F("tool_call__run__status"))
     decisions = queryset.iterator(chunk_size=CHUNK)

@@ -84,3 +84,27 @@ class NexoModelAdmin(admin.ModelAdmin):
 
     def run_link(self, run_id: Any, label: str | None = None) -> SafeString:
         return format_html('<a href="{}">{}</a>', self.run_url(run_id), label or str(run_id)[:8])
+
+
+class DecidedAheadAdmin(admin.ModelAdmin):
+    """The admin of what decides calls ahead of time (standing rules, approval policies): any
+    active staff user may look; making, changing and removing one takes the decide permission."""
+
+    def has_decide_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(DECIDE_PERMISSION))
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user = request.user
+        return self.has_decide_permission(request) or bool(user.is_active and user.is_staff)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return self.has_decide_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_decide_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_decide_permission(request)

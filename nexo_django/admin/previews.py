@@ -5,11 +5,12 @@ path the model made up never reads outside the workspace; everything shown is es
 from __future__ import annotations
 
 import difflib
+import html
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.utils.html import format_html
+from django.utils.html import format_html, strip_tags
 from django.utils.safestring import SafeString
 
 from ..bounded import bounded_text
@@ -191,3 +192,11 @@ def call_preview(run: AgentRun, call: ToolCall) -> CallPreview:
         return CallPreview(describe_workspace(agent.workspace))
     finally:
         agent.close()
+
+
+def preview_text(call: ToolCall) -> str:
+    """:func:`call_preview` as plain text: what a reviewer agent is sent (durable.policy.reviewer)."""
+    preview = call_preview(call.run, call)
+    lines = [f"workspace: {preview.workspace}", *preview.notes]
+    lines += [html.unescape(strip_tags(line)) for _, line in preview.diff]
+    return "\n".join(lines)

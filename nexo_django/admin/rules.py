@@ -26,7 +26,7 @@ from ..display import is_hidden, reveal
 from ..durable import rule_history, rules, runs
 from ..models import ApprovalRule, ApprovalRuleChange, RunEvent, ToolCall, Verdict
 from . import loading
-from .base import DECIDE_PERMISSION
+from .base import DecidedAheadAdmin
 
 
 class ApprovalRuleForm(forms.ModelForm):
@@ -42,7 +42,7 @@ class ApprovalRuleForm(forms.ModelForm):
 
 
 @admin.register(ApprovalRule)
-class ApprovalRuleAdmin(admin.ModelAdmin):
+class ApprovalRuleAdmin(DecidedAheadAdmin):
     form = ApprovalRuleForm
     list_display = ("rule", "agent_column", "tool_column", "path_column", "verdict", "enabled", "expires_at",
                     "created_by", "changed_by", "decided")
@@ -52,25 +52,8 @@ class ApprovalRuleAdmin(admin.ModelAdmin):
     readonly_fields = ("created_by", "created_at", "changed_by", "changed_at", "history")
     list_select_related = ("created_by", "changed_by")
 
-    def has_decide_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.has_perm(DECIDE_PERMISSION))
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        user = request.user
-        return self.has_decide_permission(request) or bool(user.is_active and user.is_staff)
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    # Making, changing and removing rules is deciding calls ahead of time: the decide permission.
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return self.has_decide_permission(request)
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self.has_decide_permission(request)
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self.has_decide_permission(request)
+    # Making, changing and removing rules is deciding calls ahead of time: the decide permission
+    # (DecidedAheadAdmin).
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ApprovalRule]:
         return super().get_queryset(request).annotate(decided_count=Count("decisions"))

@@ -21,6 +21,7 @@ from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
@@ -43,8 +44,11 @@ from ..core.errors import (
 )
 from ..display import is_hidden, json_diff, json_for_editor, mark_hidden, reveal
 from ..durable import dispatch, outcomes, refusals, rule_history, runs
+from ..durable.policy import check as policy_check
+from ..durable.policy import quorum as policy_quorum
+from ..durable.policy.check import PolicyRefusal
 from ..jsonbody import read_json
-from ..models import AgentRun, CallStatus, Decision, RunStatus, ToolCall, args_digest
+from ..models import AgentRun, Approval, CallStatus, Decision, RunStatus, ToolCall, args_digest
 from ..views import conversation_entries, neighbours
 from . import rules as admin_rules
 from .base import NexoModelAdmin
@@ -376,6 +380,9 @@ def _decision_page(
         "edit_url": model_admin.call_edit_url(call.pk),
         "preview": call_preview,
         # The file is not the version the notices showed: the approver is told whose diff this is.
+        # The approval policy that routes it (durable.policy): who decides, how many have, and
+        # whether this person may.
+        **_policy_context(call, request.user),
         "changed_since_asked": call_preview.version is not None and call.suspension_version is not None
         and call_preview.version != call.suspension_version,
         "form": form,
@@ -412,18 +419,28 @@ def _review_page(
     return TemplateResponse(request, model_admin.review_template, context)
 
 
+def _policy_context(call: ToolCall, user: Any) -> dict[str, str]:
+    now = timezone.now()
+    note = policy_check.note(call, now)
+    if not note:
+        return {}
+    return {"policy_note": mark_hidden(note), "policy_drift": mark_hidden(policy_check.drift(call)),
+            "policy_refusal": mark_hidden(policy_check.refusal(call, user, now))}
+
+
 def _decide(
     model_admin: PendingApprovalAdmin, request: HttpRequest, call: ToolCall, action: str, data: dict[str, Any]
 ) -> HttpResponse:
     approved = action in (APPROVE, APPROVE_EDITED, APPROVE_ALWAYS)
     here = model_admin.call_url(call.pk)
+    decided: Any = None
     try:
         if action == APPROVE_ALWAYS:
             refused = admin_rules.approve_always(model_admin, request, call, data)
             if refused is not None:
                 return refused
         else:
-            runs.decide(
+            decided = runs.decide(
                 call, approved=approved, by=request.user, note=data.get("note", ""),
                 args=data.get("args") if action == APPROVE_EDITED else None,
                 stop=action == DENY_STOP, digest=data["digest"], source="admin",
@@ -438,6 +455,9 @@ def _decide(
     except (StaleDecision, InvalidEditedArguments, ApprovalRefused) as exc:
         messages.error(request, f"Nothing changed: {mark_hidden(exc)}")
         return HttpResponseRedirect(here)
+    except PolicyRefusal as exc:  # the call's approval policy (durable.policy.check)
+        messages.error(request, f"Nothing changed: {mark_hidden(exc)}.")
+        return HttpResponseRedirect(here)
     if sandbox_said := refusals.refused(call):
         # Recorded (the approval, the call and its run failed): said as an error, not a success.
         messages.error(request, format_html(
@@ -445,6 +465,11 @@ def _decide(
             reveal(call.name), reveal(call.tool_call_id), mark_hidden(sandbox_said), model_admin.run_link(call.run_id),
         ))
         return HttpResponseRedirect(_changelist_url(model_admin))
+    if isinstance(decided, Approval):  # one of several approvals its policy needs (durable.policy.quorum)
+        messages.success(request, format_html(
+            "Your approval of {} ({}) is recorded: {}. It runs when the last approval needed lands.",
+            reveal(call.name), reveal(call.tool_call_id), mark_hidden(policy_quorum.progress(call))))
+        return HttpResponseRedirect(here)
     verb = {APPROVE: "Approved", APPROVE_EDITED: "Approved with edited arguments", DENY_STOP: "Denied (run stopped)",
             APPROVE_ALWAYS: "Approved (and a standing rule now allows such calls)"}
     messages.success(request, format_html(
@@ -492,9 +517,9 @@ def _decide_all_or_nothing(
                             source="admin-bulk")
                 if refusals.refused(call):
                     ended.add(call.run_id)
-    except TransitionError as exc:
+    except (TransitionError, PolicyRefusal) as exc:
         # The whole transaction rolled back: no decision, no wake-up was sent.
-        messages.error(request, f"Nothing was decided: {mark_hidden(exc)}")
+        messages.error(request, f"Nothing was decided: {mark_hidden(exc)}" + ("." if isinstance(exc, PolicyRefusal) else ""))
         return
     for call in calls:
         if refused := refusals.refused(call):

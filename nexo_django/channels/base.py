@@ -105,7 +105,8 @@ class Channel:
             raise PermissionDenied(f"{user} may not decide calls (needs nexo_django.decide_toolcall)")
         with transaction.atomic():
             decision = runs.decide(call, approved=approved, by=user, digest=digest, note=note, source=self.name)
-            Decision.objects.filter(pk=decision.pk).update(channel_user=channel_user[:255])
+            # A Decision, or one Approval of several a policy needs (durable.policy.quorum).
+            type(decision).objects.filter(pk=decision.pk).update(channel_user=channel_user[:255])
             decision.channel_user = channel_user[:255]
         return decision
 

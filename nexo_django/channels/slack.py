@@ -41,6 +41,8 @@ from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, Nexo
 from ..display import mark_hidden
 from ..durable import binding, refusals, schedule_notices
 from ..durable.outbox import DeliveryFailed, NothingToSay, notice_key
+from ..durable.policy import check as policy_check
+from ..durable.policy import reviewer
 from ..jsonbody import read_json
 from ..models import (
     AgentRun,
@@ -145,6 +147,9 @@ class SlackChannel(Channel):
             {"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(
                 [f"Deadline: {_when(call.expires_at)}", f"Run {str(run.pk)[:8]}", *links])}]},
         ]
+        if routed := policy_check.note(call, timezone.now()):  # who decides it, and how many have
+            blocks.insert(2, {"type": "context", "elements": [{"type": "plain_text", "emoji": False,
+                                                               "text": plain(routed, 300)}]})
         bound = binding.version_note(call)
         if bound:  # the version this message shows the write against, which Approve binds
             blocks.insert(2, {"type": "context", "elements": [{"type": "plain_text", "emoji": False,
@@ -278,6 +283,8 @@ class SlackChannel(Channel):
         if notice.kind == "approval.requested":
             if call is None or call.status != CallStatus.PENDING_APPROVAL:
                 raise NothingToSay("the call was settled before it was announced")
+            if not reviewer.before_notice(call):  # its policy's reviewer first (durable.policy.reviewer)
+                raise DeliveryFailed("the reviewer agent is still reviewing the call", retry_after=2)
             text, blocks = self.blocks(call, run)
             return self.post(notice, channel=self.options["CHANNEL"], text=text, blocks=blocks)
         requests = self._requests(notice)
@@ -291,6 +298,13 @@ class SlackChannel(Channel):
                 raise NothingToSay("the call was settled meanwhile")
             return self._reply(notice, posted[0].receipt or {},
                                f"Reminder: {call.name} still waits for a decision (deadline {_when(call.expires_at)}).")
+        if notice.kind == "approval.escalated":  # durable.policy.escalation
+            if call is None or call.status != CallStatus.PENDING_APPROVAL:
+                raise NothingToSay("the call was settled meanwhile")
+            groups = ", ".join((notice.payload or {}).get("to") or []) or "its escalation groups"
+            return self._reply(notice, posted[0].receipt or {},
+                               f"Escalated: nobody decided {call.name} in time; {groups} may decide it now "
+                               f"(deadline {_when(call.expires_at)}).")
         updated = []
         for request in posted:
             found = ToolCall.objects.filter(run_id=run.pk, tool_call_id=request.tool_call_id).select_related("decision").first()

@@ -6,7 +6,7 @@
     {"type": "approval.requested", "id": "<the idempotency key>", "created": "<ISO 8601>",
      "run": {"id", "agent", "status", "admin_url", "page_url"},
      "call": {"id", "tool_call_id", "name", "capability", "digest", "status", "expires_at",
-              "admin_url"[, "args"]},
+              "admin_url"[, "policy"][, "args"]},
      "decision": {"verdict", "source", "decided_by", "channel_user", "decided_at", "note"},
      "question": {...}}
 
@@ -34,11 +34,14 @@ import httpx
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, StaleDecision
 from ..durable import refusals, schedule_notices
 from ..durable.outbox import DeliveryFailed, Refused
+from ..durable.policy import check as policy_check
+from ..durable.policy import reviewer
 from ..jsonbody import read_json
 from ..models import AgentRun, CallStatus, Notice, ToolCall, WorkflowStep
 from .base import Channel, admin_url, question_of, question_urls, run_urls, subject
@@ -63,6 +66,8 @@ def describe_call(call: ToolCall, *, args: bool) -> dict[str, Any]:
         found["file_version"] = call.suspension_version
     if call.status == CallStatus.FAILED and (refused := refusals.refused(call)):
         found["refused"] = refused  # the sandbox refused it at decision time: its run failed
+    if (policy := policy_check.payload(call, timezone.now())) is not None:
+        found["policy"] = policy  # the approval policy that routes it: groups, quorum, approvals so far
     if args:
         found["args"] = call.args
     return found
@@ -118,6 +123,8 @@ class WebhookChannel(Channel):
 
     def send(self, notice: Notice) -> dict[str, Any] | None:
         run, call = subject(notice)
+        if notice.kind == "approval.requested" and call is not None and not reviewer.before_notice(call):
+            raise DeliveryFailed("the reviewer agent is still reviewing the call", retry_after=2)
         body = json.dumps(event(notice, run, call, args=bool(self.options["INCLUDE_ARGS"])),
                           ensure_ascii=False, default=str, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "Idempotency-Key": notice.key, "X-Nexo-Event": notice.kind,

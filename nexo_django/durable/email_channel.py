@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from ..models import CallStatus, StepStatus, ToolCall, WorkflowStep
 from . import notify, question_notices, schedule_notices
-from .outbox import NothingToSay
+from .outbox import DeliveryFailed, NothingToSay
+from .policy import reviewer
 
 
 class EmailNotices:
@@ -32,7 +33,12 @@ class EmailNotices:
                      .order_by("created_at", "id"))
         if not calls:
             raise NothingToSay("no call of it waits for a decision any more")
-        sent = notify.send_emails(calls[0].run, calls, reminder=reminder)
+        if notice.kind == "approval.requested" and not all(reviewer.before_notice(c) for c in calls):
+            raise DeliveryFailed("the reviewer agent is still reviewing a call of it", retry_after=2)
+        escalated = notice.kind == "approval.escalated"  # to the escalation groups (durable.policy.escalation)
+        sent = notify.send_emails(calls[0].run, calls, reminder=reminder, escalated=escalated)
+        if escalated:
+            return {"sent": sent}
         field = "reminded_at" if reminder else "notified_at"
         ToolCall.objects.filter(pk__in=[c.pk for c in calls], **{field: None}).update(**{field: timezone.now()})
         return {"sent": sent}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -31,11 +32,13 @@ from django.core import mail
 from django.core.mail import EmailMultiAlternatives
 from django.db.models import Q
 from django.urls import reverse
+from django.utils import timezone
 
 from ..conf import nexo_settings
 from ..display import mark_hidden
 from ..models import AgentRun, ToolCall
 from . import binding
+from .policy import check as policy_check
 
 log = logging.getLogger("nexo_django.notify")
 
@@ -54,8 +57,9 @@ def enabled() -> bool:
     return bool(options()["EMAIL"])
 
 
-def approvers(run: AgentRun) -> list[Any]:
-    """The active users with an email address who may decide ``run``'s calls."""
+def approvers(run: AgentRun, calls: Sequence[ToolCall] = (), *, escalated: bool = False) -> list[Any]:
+    """The active users with an email address who may decide ``run``'s calls (of ``calls`` an
+    approval policy routes: the members of its groups who may decide under it, only)."""
     # Here, not at the top: django.contrib.auth is optional (its models load only when the project
     # installs it), and this module loads with the app whether or not it does.
     from django.contrib.auth import get_user_model
@@ -72,7 +76,7 @@ def approvers(run: AgentRun) -> list[Any]:
     ).distinct().order_by("pk")
     if not nexo_settings.SELF_APPROVAL and run.created_by_id is not None:
         users = users.exclude(pk=run.created_by_id)
-    return list(users)
+    return list(policy_check.narrow(users, calls, timezone.now(), escalation=escalated))
 
 
 def decision_url(call: ToolCall) -> str:
@@ -92,14 +96,15 @@ def deadline_text(at: datetime | None) -> str:
     return "none (it waits until someone decides)" if at is None else at.strftime("%Y-%m-%d %H:%M UTC")
 
 
-def message_parts(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> tuple[str, str, str]:
+def message_parts(run: AgentRun, calls: list[ToolCall], *, reminder: bool, escalated: bool = False,
+                  ) -> tuple[str, str, str]:
     """Subject, plain text and HTML of the notice. Model-produced text (prompt, tool names,
     arguments) is shortened and its hidden and direction-changing characters shown as markers; in
     the plain text the prompt is quoted and each call's arguments stay on one line, so none of it
     can pass for the notice's own lines; in the HTML it is escaped. (The plain text is not
     HTML-escaped: a mail reader shows it as it is, ``&quot;`` and all.)"""
     agent = one_line(run.agent_name)
-    lead = "Reminder: " if reminder else ""
+    lead = "Escalated: " if escalated else "Reminder: " if reminder else ""
     subject = short(f"{lead}{agent} run {str(run.pk)[:8]} waits for your approval ({len(calls)} call"
                      f"{'s' if len(calls) != 1 else ''})", 150)
     prompt = short(mark_hidden(run.prompt, keep="\n"), PROMPT_CHARS)
@@ -120,11 +125,13 @@ def message_parts(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> tu
         url = decision_url(call)
         # The version the arguments were shown against (a write); the page shows the file as it is then.
         bound = mark_hidden(binding.version_note(call))
-        lines += [f"{index}. {name} {args}", *([f"   {bound}"] if bound else []),
+        routed = mark_hidden(policy_check.note(call, timezone.now()))  # an approval policy's groups
+        lines += [f"{index}. {name} {args}", *([f"   {bound}"] if bound else []), *([f"   {routed}"] if routed else []),
                   f"   Deadline: {deadline_text(call.expires_at)}", f"   Decide: {url}", ""]
         items.append(
             f"<li><strong>{html.escape(name)}</strong> <code>{html.escape(args)}</code><br>"
             + (f"{html.escape(bound)}<br>" if bound else "")
+            + (f"{html.escape(routed)}<br>" if routed else "")
             + f"Deadline: {deadline_text(call.expires_at)}<br>"
             f'<a href="{html.escape(url)}">Open the decision page</a></li>'
         )
@@ -144,17 +151,20 @@ def mail_connection() -> Any:
     return mailers.default if mailers is not None else mail.get_connection()
 
 
-def send_emails(run: AgentRun, calls: list[ToolCall], *, reminder: bool) -> int:
-    """Email the notice (or reminder) of ``calls`` of ``run`` to every approver; how many went.
-    Raises what the mail server raised when nobody got it."""
-    subject, text, body = message_parts(run, calls, reminder=reminder)
-    return mail_approvers(run, subject, text, body, "reminder" if reminder else "notice")
+def send_emails(run: AgentRun, calls: list[ToolCall], *, reminder: bool, escalated: bool = False) -> int:
+    """Email the notice (or reminder) of ``calls`` of ``run`` to every approver (``escalated``:
+    to the escalation groups of their approval policy only); how many went. Raises what the mail
+    server raised when nobody got it."""
+    subject, text, body = message_parts(run, calls, reminder=reminder, escalated=escalated)
+    what = "escalation" if escalated else "reminder" if reminder else "notice"
+    return mail_approvers(run, subject, text, body, what, calls, escalated=escalated)
 
 
-def mail_approvers(run: AgentRun, subject: str, text: str, body: str, what: str) -> int:
+def mail_approvers(run: AgentRun, subject: str, text: str, body: str, what: str,
+                   calls: Sequence[ToolCall] = (), *, escalated: bool = False) -> int:
     """Email ``subject`` (``text``, with ``body`` as its HTML) to every approver of ``run``; how
     many went. Raises what the mail server raised when nobody got it."""
-    recipients = approvers(run)
+    recipients = approvers(run, calls, escalated=escalated)
     email_field = type(recipients[0]).get_email_field_name() if recipients else ""
     sent = 0
     try:

@@ -55,9 +55,9 @@ from . import dispatch
 log = logging.getLogger("nexo_django.outbox")
 
 #: every kind of notice, in the order of a call's life
-KINDS = ("approval.requested", "approval.reminder", "approval.decided", "approval.expired", "run.done", "run.failed",
-         "run.cancelled", "question.asked", "question.reminder", "question.answered", "question.expired",
-         "schedule.paused")
+KINDS = ("approval.requested", "approval.reminder", "approval.escalated", "approval.progress", "approval.decided",
+         "approval.expired", "run.done", "run.failed", "run.cancelled", "question.asked", "question.reminder",
+         "question.answered", "question.expired", "schedule.paused")
 #: the channels the app ships, by their short name in ``BACKEND``
 BACKENDS = {
     "slack": "nexo_django.channels.slack.SlackChannel",
@@ -109,8 +109,8 @@ def configured() -> dict[str, dict[str, Any]]:
     if isinstance(notify, dict) and notify.get("EMAIL"):
         # The approvers' emails (durable/notify.py): one per suspension, listing its calls.
         found[EMAIL] = {**COMMON, "BACKEND": EMAIL_BACKEND, "EVENTS": ["approval.requested", "approval.reminder",
-                                                                      "question.asked", "question.reminder",
-                                                                      "schedule.paused"],
+                                                                      "approval.escalated", "question.asked",
+                                                                      "question.reminder", "schedule.paused"],
                         "GROUPED": True, "REMIND_AFTER": notify.get("REMIND_AFTER")}
     return found
 

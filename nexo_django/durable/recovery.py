@@ -29,6 +29,7 @@ from ..models import (
 )
 from . import dispatch, outbox, parents, probe, workflow_questions, workflow_runs
 from .expiry import expire_overdue, overdue_calls
+from .policy import escalation, reviewer
 from .queue_health import due_before, queue_warning
 from .runs import transition, wake
 
@@ -93,6 +94,7 @@ def reconcile(
     due = probe.existing({
         "expired": expired, "overdue": overdue_calls(now), "questions": workflow_questions.overdue_questions(now),
         "notices": outbox.pending_due(now), "purge": outbox.purgeable(now), "queued": queued,
+        "policy": escalation.to_look_at(),
         "calls": None if since is None else _changed_calls(since), "steps": steps, "children": children,
     })
     if due["expired"]:
@@ -106,7 +108,11 @@ def reconcile(
     acted = due["expired"] or due["overdue"] or due["questions"]
     # The outbox: reminders due, then every notice whose time has come (a receiver was down, the
     # job was lost with Redis, a worker died mid-send): emails to the approvers included.
+    # And the calls an approval policy escalates (durable.policy.escalation): told to its groups.
     reminded = outbox.remind(now)
+    if due["policy"]:  # calls an approval policy routes: reviewed, escalated when due (durable.policy)
+        reviewer.review_due(now)
+        reminded += escalation.escalate_due(now)
     if due["notices"] or acted or reminded:
         _count_deliveries(outbox.deliver_due(now), report)
     if due["purge"] or acted:

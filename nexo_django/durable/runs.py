@@ -74,6 +74,7 @@ from . import later as later_module
 from .fixed import PENDING_APPROVAL
 from .insight import tally as insight_tally
 from .journal import DbJournal, Heartbeat, RunInterrupted, WorkerStopping
+from .policy import check as policy_check
 
 if TYPE_CHECKING:
     from ..core.agent import Agent
@@ -570,6 +571,11 @@ def decide(
             )
         if _user(by) is not None and not nexo_settings.SELF_APPROVAL:
             check_not_requester(call, _user(by))
+    # An approval policy's groups, quorum and four eyes (durable.policy.check): refused, or an
+    # approval recorded that is not yet the last one needed (returned, nothing decided).
+    if (held := policy_check.gate(call, by=_user(by), approved=approved, args=args, note=note, digest=digest,
+                                  source=source, now=now)) is not None:
+        return held
     run: AgentRun | None = call.run if ToolCall.run.is_cached(call) else None
     if args is not None or (approved and binding.needs_binding(call)):
         run = run or sql.get(AgentRun, id=call.run_id)
