@@ -1,6 +1,6 @@
 """The outbox's built-in ``email`` channel (``NEXO["NOTIFY"]["EMAIL"]``): a notice of calls waiting
-(:mod:`.notify`) or of a workflow's question (:mod:`.question_notices`) becomes emails to the people
-who may decide."""
+or of a workflow's question becomes emails to the people who may decide (:mod:`.notify`, the one
+module of notices' text)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from django.utils import timezone
 
 from ..models import CallStatus, StepStatus, ToolCall, WorkflowStep
-from . import notify, question_notices
+from . import notify
 from .outbox import NothingToSay
 
 
@@ -41,7 +41,7 @@ class EmailNotices:
                 if isinstance(pk, int) else None)
         if step is None:
             raise NothingToSay("the question was answered or ended before it was emailed")
-        sent = question_notices.send_emails(step, reminder=notice.kind == "question.reminder")
+        sent = notify.send_question_emails(step, reminder=notice.kind == "question.reminder")
         if notice.kind == "question.asked":
             WorkflowStep.objects.filter(pk=step.pk, notified_at=None).update(notified_at=timezone.now())
         return {"sent": sent}
