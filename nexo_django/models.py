@@ -646,6 +646,10 @@ class WorkflowStep(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     answered_at = models.DateTimeField(null=True, blank=True)
+    #: where a question was answered ("admin", "json", a channel's name, "mcp") and who answered in
+    #: that channel's own terms ("slack:T01/U02"): with ``answered_by``, the answer's record
+    answer_source = models.CharField(max_length=64, blank=True, default="")
+    channel_user = models.CharField(max_length=255, blank=True, default="")
     #: When the approvers were emailed about a question (claimed by a compare-and-set).
     notified_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -546,7 +546,7 @@ class QuestionAnswerView(View):
         if not isinstance(body, dict) or set(body) != {"answer"}:
             return JsonResponse({"error": 'send {"answer": ...}: the answer, as JSON, and nothing else'}, status=400)
         try:
-            step = workflow_questions.answer(run, key, body["answer"], by=request.user)
+            step = workflow_questions.answer(run, key, body["answer"], by=request.user, source="json")
         except WorkflowError as exc:
             return JsonResponse({"error": str(exc)}, status=404)
         except AlreadyDecided as exc:  # ApprovalExpired too: answered meanwhile, or no longer answerable

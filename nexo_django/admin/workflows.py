@@ -29,6 +29,7 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.views.decorators.clickjacking import xframe_options_deny
 
+from .. import schema_forms
 from ..bounded import bounded_json, bounded_text
 from ..core.errors import AlreadyDecided, InvalidAnswer, WorkflowError
 from ..display import mark_hidden
@@ -43,21 +44,12 @@ STEP_RESULT_BUDGET = 4_000
 
 
 def answer_field(schema: Any) -> forms.Field:
-    """The form field for an answer: enum -> choices, string -> text, boolean -> checkbox,
-    integer/number -> a number; anything else (or no schema) -> JSON in a textarea."""
-    kind = schema.get("type") if isinstance(schema, dict) else None
+    """The form field of a question whose answer is one value (:mod:`nexo_django.schema_forms`),
+    or the JSON box for a schema the form cannot express (or no schema)."""
+    form = schema_forms.build(schema)
+    if form is not None and form.single:
+        return schema_forms.django_fields(form)["answer"]
     help_text = schema.get("description", "") if isinstance(schema, dict) else ""
-    if isinstance(schema, dict) and isinstance(schema.get("enum"), list) and schema["enum"] \
-            and all(isinstance(v, str) for v in schema["enum"]):
-        return forms.ChoiceField(choices=[(v, v) for v in schema["enum"]], widget=forms.RadioSelect, help_text=help_text)
-    if kind == "string":
-        return forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), strip=False, help_text=help_text)
-    if kind == "boolean":
-        return forms.BooleanField(required=False, help_text=help_text)
-    if kind == "integer":
-        return forms.IntegerField(help_text=help_text)
-    if kind == "number":
-        return forms.FloatField(help_text=help_text)
     return BoundedJSONField(widget=forms.Textarea(attrs={"rows": 6, "cols": 60}), help_text=help_text or "JSON")
 
 
@@ -85,9 +77,23 @@ class BoundedJSONField(forms.JSONField):
 
 
 class AnswerForm(forms.Form):
+    """The answer's form, built from the question's schema (:mod:`nexo_django.schema_forms`): a
+    field per property of a flat object, one field for one value, the JSON box otherwise. Its
+    ``cleaned_data["answer"]`` is the answer."""
+
     def __init__(self, *args: Any, schema: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["answer"] = answer_field(schema)
+        self.schema_form = schema_forms.build(schema)
+        if self.schema_form is None or self.schema_form.single:
+            self.fields["answer"] = answer_field(schema)
+        else:
+            self.fields.update(schema_forms.django_fields(self.schema_form))
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if self.schema_form is not None and not self.errors:
+            cleaned["answer"] = schema_forms.from_django(self.schema_form, cleaned)
+        return cleaned
 
 
 @admin.register(OpenQuestion)
@@ -174,9 +180,10 @@ def answer_view(model_admin: OpenQuestionAdmin, request: HttpRequest, object_id:
     form = model_admin.get_answer_form(request, step, request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         try:
-            workflow_questions.answer(step.run, step.name, form.cleaned_data["answer"], by=request.user)
+            workflow_questions.answer(step.run, step.name, form.cleaned_data["answer"], by=request.user,
+                                      source="admin")
         except (InvalidAnswer, WorkflowError) as exc:
-            form.add_error("answer", str(exc))
+            form.add_error("answer" if "answer" in form.fields else None, str(exc))
         except AlreadyDecided as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(request.path)

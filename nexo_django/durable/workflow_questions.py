@@ -34,9 +34,10 @@ def open_questions() -> QuerySet[OpenQuestion]:
             .select_related("run", "run__created_by").order_by("created_at", "id"))
 
 
-def answer_question(step: WorkflowStep, value: Any, *, by: Any) -> WorkflowStep:
+def answer_question(step: WorkflowStep, value: Any, *, by: Any, source: str = "api",
+                    channel_user: str = "") -> WorkflowStep:
     """Record ``by``'s answer to the question ``step`` (see :func:`answer`)."""
-    return answer(step.run, step.name, value, by=by)
+    return answer(step.run, step.name, value, by=by, source=source, channel_user=channel_user)
 
 
 def check_answer(step: WorkflowStep, value: Any) -> None:
@@ -57,14 +58,16 @@ def check_answer(step: WorkflowStep, value: Any) -> None:
         raise InvalidAnswer(f"the answer to {step.name!r} was refused: {error.message}" + (f" (at {where})" if where else ""))
 
 
-def answer(run: AgentRun, key: str, value: Any, *, by: Any) -> WorkflowStep:
-    """Record the answer to the question ``key`` of ``run``, once, and wake the run. ``by`` needs
-    ``nexo_django.decide_toolcall``; with ``NEXO["SELF_APPROVAL"]`` off the run's starter is
-    refused. An answer the schema refuses raises ``InvalidAnswer`` with the reason, and nothing is
-    recorded; of two answers at once one is recorded, the other raises ``AlreadyDecided`` naming
-    who answered."""
+def answer(run: AgentRun, key: str, value: Any, *, by: Any, source: str = "api", channel_user: str = "") -> WorkflowStep:
+    """Record the answer to the question ``key`` of ``run``, once, and wake the run: the one path
+    every answer takes (the admin's form, the JSON endpoint, Slack's buttons and modal, a signed
+    webhook, MCP elicitation). ``by`` needs ``nexo_django.decide_toolcall`` (and an active account);
+    with ``NEXO["SELF_APPROVAL"]`` off the run's starter is refused. An answer the schema refuses
+    raises ``InvalidAnswer`` with the reason, and nothing is recorded; of two answers at once one is
+    recorded, the other raises ``AlreadyDecided`` naming who answered. ``source`` (where it was
+    answered) and ``channel_user`` (who, in that channel's terms) are recorded with it."""
     user = runs._user(by)
-    if user is None or not user.has_perm("nexo_django.decide_toolcall"):
+    if user is None or not getattr(user, "is_active", False) or not user.has_perm("nexo_django.decide_toolcall"):
         raise PermissionDenied("answering a workflow's question needs the nexo_django.decide_toolcall permission")
     step = WorkflowStep.objects.filter(run_id=run.pk, name=key, kind=StepKind.QUESTION).select_related("run").first()
     if step is None:
@@ -82,13 +85,15 @@ def answer(run: AgentRun, key: str, value: Any, *, by: Any) -> WorkflowStep:
     with transaction.atomic():
         sql.lock(AgentRun, run.pk)  # the run first, as every writer of a run's rows
         if not WorkflowStep.objects.filter(pk=step.pk, status=StepStatus.WAITING).update(
-            status=StepStatus.ANSWERED, result=value, answered_by=user, answered_at=now, updated_at=now
+            status=StepStatus.ANSWERED, result=value, answered_by=user, answered_at=now, updated_at=now,
+            answer_source=str(source)[:64], channel_user=str(channel_user)[:255],
         ):
             raise _answered(WorkflowStep.objects.select_related("answered_by").get(pk=step.pk))
-        _event(run.pk, "answered", key=key, by=str(user))
+        _event(run.pk, "answered", key=key, by=str(user), source=str(source)[:64])
         outbox.on_question("question.answered", step, now)
         parents.wake(run.pk)
     step.status, step.result, step.answered_by, step.answered_at = StepStatus.ANSWERED, value, user, now
+    step.answer_source, step.channel_user = str(source)[:64], str(channel_user)[:255]
     if dispatch.is_inline() and isinstance(run, AgentRun) and not transaction.get_connection().in_atomic_block:
         run.refresh_from_db()
     return step
