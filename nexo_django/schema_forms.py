@@ -271,7 +271,9 @@ def from_django(form: Form, cleaned: dict[str, Any]) -> Any:
 # --- Slack: a modal's input blocks -----------------------------------------------------------------
 
 
-def _plain(text: str, limit: int) -> dict[str, Any]:
+def slack_text(text: str, limit: int) -> dict[str, Any]:
+    """A Slack ``plain_text`` object of ``text`` (never mrkdwn: nothing in it is markup), hidden
+    characters shown, at most ``limit`` characters."""
     from .display import mark_hidden
 
     shown = mark_hidden(text, keep="\n") or " "
@@ -279,7 +281,7 @@ def _plain(text: str, limit: int) -> dict[str, Any]:
 
 
 def _option(token: str, label: str) -> dict[str, Any]:
-    return {"text": _plain(label, 75), "value": token}
+    return {"text": slack_text(label, 75), "value": token}
 
 
 def slack_blocks(form: Form) -> list[dict[str, Any]]:
@@ -289,10 +291,10 @@ def slack_blocks(form: Form) -> list[dict[str, Any]]:
     blocks = []
     for index, field in enumerate(form.fields):
         element = _slack_element(field)
-        block: dict[str, Any] = {"type": "input", "block_id": f"f{index}", "label": _plain(field.label, 2000),
+        block: dict[str, Any] = {"type": "input", "block_id": f"f{index}", "label": slack_text(field.label, 2000),
                                  "element": {"action_id": "value", **element}, "optional": not field.required}
         if field.description:
-            block["hint"] = _plain(field.description, 2000)
+            block["hint"] = slack_text(field.description, 2000)
         blocks.append(block)
     return blocks
 

@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from ..conf import nexo_settings
 from ..core.tools import netguard
-from ..durable import runs
+from ..durable import runs, workflow_questions
 from ..durable.outbox import Refused
 from ..models import (
     DECISION_SOURCES,
@@ -108,6 +108,17 @@ class Channel:
             Decision.objects.filter(pk=decision.pk).update(channel_user=channel_user[:255])
             decision.channel_user = channel_user[:255]
         return decision
+
+    def answer_question(self, step: WorkflowStep, value: Any, *, user: Any, channel_user: str) -> WorkflowStep:
+        """Answer ``step`` as ``user`` through the one answering path
+        (:func:`nexo_django.durable.workflow_questions.answer`: the decide permission, four eyes,
+        expiry, the schema, once), recorded with ``answer_source`` = the channel's name and
+        ``channel_user`` = who, in the channel's own terms. Raises what it raises (nothing is
+        recorded then)."""
+        if user is None or not getattr(user, "is_active", False):
+            raise PermissionDenied("this person has no active account here")
+        return workflow_questions.answer(step.run, step.name, value, by=user, source=self.name,
+                                         channel_user=channel_user[:255])
 
     def client(self, url: str, timeout: float) -> httpx.Client:
         """An httpx client for ``url``'s host with the fetch guard's connect-time rules: every

@@ -158,7 +158,11 @@ class StepFailed(WorkflowError):
 
 class InvalidAnswer(NexoError, ValueError):
     """An answer to a workflow's question that does not match the question's JSON Schema (or is
-    not JSON). Nothing was recorded."""
+    not JSON). Nothing was recorded. ``path``: where in the answer (a form shows it there)."""
+
+    def __init__(self, message: str, path: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class NoAnswer(WorkflowError):

@@ -55,7 +55,8 @@ def check_answer(step: WorkflowStep, value: Any) -> None:
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path)
-        raise InvalidAnswer(f"the answer to {step.name!r} was refused: {error.message}" + (f" (at {where})" if where else ""))
+        raise InvalidAnswer(f"the answer to {step.name!r} was refused: {error.message}" + (f" (at {where})" if where else ""),
+                            tuple(error.absolute_path))
 
 
 def answer(run: AgentRun, key: str, value: Any, *, by: Any, source: str = "api", channel_user: str = "") -> WorkflowStep:
