@@ -260,7 +260,7 @@ def announce_questions(model_admin: Any, request: HttpRequest) -> None:
 
 #: the columns of the answers log (every question asked: answered, ended unanswered, waiting)
 ANSWER_COLUMNS = ("asked_at", "run", "workflow", "key", "question", "status", "answer", "answered_by",
-                  "answered_at", "expires_at")
+                  "answered_at", "expires_at", "source", "channel_user")
 
 
 def answer_row(step: WorkflowStep) -> dict[str, Any]:
@@ -275,6 +275,8 @@ def answer_row(step: WorkflowStep) -> dict[str, Any]:
         "answered_by": str(step.answered_by) if step.answered_by_id else "",
         "answered_at": step.answered_at.isoformat() if step.answered_at else None,
         "expires_at": step.expires_at.isoformat() if step.expires_at else None,
+        "source": step.answer_source,
+        "channel_user": step.channel_user,
     }
 
 
