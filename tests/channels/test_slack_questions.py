@@ -206,3 +206,21 @@ def test_two_submissions_at_once_record_one_answer_and_the_other_names_who(
     assert step.status == StepStatus.ANSWERED
     lost = [a.json() for a in answers if a.content]
     assert len(lost) == 1 and f"already answered by {step.answered_by}" in lost[0]["errors"]["f0"]
+
+
+def test_an_answer_from_one_channel_updates_the_message_on_every_channel(
+    settings: Any, counter: Path,
+) -> None:
+    with SlackServer() as server:
+        settings.NEXO = {"CHANNELS": {"ops": slack_channel(server, "C0001"), "eng": slack_channel(server, "C0002")},
+                         "NOTIFY": {"SITE_URL": SITE}}
+        slack_person(server, "dora", "U1", "nexo_django.decide_toolcall")
+        run = Ask.run({})
+        step = WorkflowStep.objects.get(run_id=run.pk, name="channel")
+        receipts = {n.channel: n.receipt for n in Notice.objects.filter(kind="question.asked", run_id=run.pk)}
+        assert sorted(receipts) == ["eng", "ops"]
+        assert click(server, step, actions(question_message(server, step)[0])[0]).status_code == 200
+        for receipt in receipts.values():
+            shown = text_of(server.messages[(receipt["channel"], receipt["ts"])])
+            assert "Answered by dora" in shown and "nexo_answer_pick" not in shown
+        assert WorkflowStep.objects.get(pk=step.pk).answer_source == "ops"
