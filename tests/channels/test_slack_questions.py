@@ -224,3 +224,33 @@ def test_an_answer_from_one_channel_updates_the_message_on_every_channel(
             shown = text_of(server.messages[(receipt["channel"], receipt["ts"])])
             assert "Answered by dora" in shown and "nexo_answer_pick" not in shown
         assert WorkflowStep.objects.get(pk=step.pk).answer_source == "ops"
+
+
+@pytest.mark.parametrize("reconciled", [False, True], ids=["past-deadline", "expired"])
+def test_an_expired_question_is_refused_on_every_path(slack: SlackServer, dora: Any, counter: Path,
+                                                      reconciled: bool) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from nexo_django.durable.recovery import reconcile
+
+    ask, ticket = Ask.run({}), Ticket.run({})
+    choice = WorkflowStep.objects.get(run_id=ask.pk, name="channel")
+    form = WorkflowStep.objects.get(run_id=ticket.pk, name="ticket")
+    [button] = actions(question_message(slack, form)[0])
+    click(slack, form, button)
+    view_id = next(iter(slack.views))
+    WorkflowStep.objects.filter(pk__in=[choice.pk, form.pk]).update(expires_at=timezone.now() - timedelta(seconds=1))
+    if reconciled:
+        reconcile()
+    buttons = actions(question_message(slack, choice)[0])
+    if buttons:  # still shown until the reconciler's expiry updates the message
+        assert click(slack, choice, buttons[0]).status_code == 200
+        assert "expired" in slack.ephemeral[-1]["text"] or "ended without an answer" in slack.ephemeral[-1]["text"]
+    shown = send(slack.submission(view_id, {"f0": {"value": {"value": "x"}}, "f1": {"value": {"value": "1"}}})).json()
+    assert "expired" in shown["errors"]["f0"] or "ended without an answer" in shown["errors"]["f0"]
+    for step in (choice, form):
+        step.refresh_from_db()
+        assert step.answered_by is None and step.result is None
+        assert step.status == (StepStatus.EXPIRED if reconciled else StepStatus.WAITING)

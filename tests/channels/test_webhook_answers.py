@@ -121,3 +121,23 @@ def test_the_json_endpoint_answers_through_the_same_function(counter: Path, sett
     assert (step.answer_source, step.answered_by.username) == ("json", "ann")
     again = post_answer(client, token, run, '{"answer": {"title": "y", "priority": 1}}', key="ticket")
     assert again.status_code == 409 and "already answered by ann" in again.json()["error"]
+
+
+def test_an_expired_question_is_refused_by_the_webhook_and_the_json_endpoint(
+    receiver: WebhookReceiver, counter: Path, settings: Any,
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    make_user("dora", "nexo_django.decide_toolcall")
+    run = Ticket.run({})
+    step = WorkflowStep.objects.get(run_id=run.pk, name="ticket")
+    WorkflowStep.objects.filter(pk=step.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    late = post({"question": step.pk, "answer": {"title": "x", "priority": 1}, "user": "dora"})
+    assert late.status_code == 409 and late.json()["expired"] is True and "expired at" in late.json()["error"]
+    settings.ROOT_URLCONF = "tests.urls_runs"
+    client, token = json_client(make_user("ann", "nexo_django.decide_toolcall"), run)
+    json_late = post_answer(client, token, run, '{"answer": {"title": "x", "priority": 1}}', key="ticket")
+    assert json_late.status_code == 409 and json_late.json()["expired"] is True
+    unanswered(step)
