@@ -17,6 +17,7 @@ widgets, Slack's ``plain_text``).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -33,9 +34,11 @@ MAX_FIELDS = 40
 MAX_CHOICES = 100
 #: formats a string field may take
 FORMATS = ("email", "uri", "date")
-#: names of fields that ask for a secret (matched in the name with its separators removed)
-SECRET_NAME = re.compile(r"pass(word|wd|phrase|code)?$|^pin$|secret|token|apikey|accesskey|privatekey|credential",
-                         re.I)
+#: words of a field's name that ask for a secret (its words: split at separators and camelCase)
+SECRET_WORDS = frozenset({"password", "passwd", "passphrase", "passcode", "pass", "pin", "secret", "token", "otp",
+                          "credential", "credentials", "apikey", "privatekey"})
+#: two words that together ask for one ("api_key", "accessKey")
+SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "code")})
 SCALARS = ("string", "number", "integer", "boolean")
 
 
@@ -167,6 +170,13 @@ def build(schema: Any) -> Form | None:
     return Form((field,), single=True) if field is not None else None
 
 
+def asks_secret(name: str) -> bool:
+    """Whether a field named ``name`` asks for a secret (``api_token``, ``Password``, ``apiKey``;
+    not ``max_tokens`` or ``bypass``)."""
+    words = [w.lower() for w in re.split(r"[\W_]+|(?<=[a-z0-9])(?=[A-Z])", name) if w]
+    return any(w in SECRET_WORDS for w in words) or any(pair in SECRET_PAIRS for pair in itertools.pairwise(words))
+
+
 def secret_fields(schema: Any) -> list[str]:
     """The names of the fields of ``schema`` that ask for a secret (anywhere in it)."""
     found: list[str] = []
@@ -178,7 +188,7 @@ def secret_fields(schema: Any) -> list[str]:
             properties = node.get("properties")
             if isinstance(properties, dict):
                 for key, sub in properties.items():
-                    if SECRET_NAME.search(re.sub(r"[\W_]+", "", str(key))):
+                    if asks_secret(str(key)):
                         found.append(str(key))
                     walk(sub, str(key))
             for key in ("items", "additionalProperties"):

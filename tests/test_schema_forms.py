@@ -56,6 +56,14 @@ def test_a_field_that_asks_for_a_secret_is_refused(schema: dict[str, Any], named
         check_schema(schema, where="ask('x', ...)")
 
 
+@pytest.mark.parametrize("name, secret", [
+    ("apiKey", True), ("ACCESS_KEY", True), ("pin", True), ("github_token", True), ("max_tokens", False),
+    ("bypass", False), ("compass_heading", False), ("passenger", False), ("keyboard", False),
+])
+def test_secret_names_are_words_not_substrings(name: str, secret: bool) -> None:
+    assert schema_forms.asks_secret(name) is secret
+
+
 def test_hostile_schemas_are_refused_with_a_reason() -> None:
     deep: dict[str, Any] = {"type": "string"}
     for _ in range(100_000):
