@@ -639,6 +639,9 @@ class WorkflowStep(models.Model):
     #: a question's text and the JSON Schema its answer must match
     question = StoredTextField(blank=True, default="")
     schema = StoredJSONField(null=True, blank=True)
+    #: the schema's properties in the order asked (PostgreSQL's jsonb keeps an object's keys in an
+    #: order of its own): the order of the answer's form
+    field_order = models.JSONField(null=True, blank=True)
     #: copied from the run, so the inbox filters and four eyes read no join
     workflow = models.CharField(max_length=255, blank=True, default="")
     expires_at = models.DateTimeField(null=True, blank=True)

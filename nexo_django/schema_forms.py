@@ -152,14 +152,30 @@ def _field(name: str, schema: Any, required: bool) -> Field | None:
                  format=fmt or "", **common)
 
 
-def build(schema: Any) -> Form | None:
-    """The form of ``schema``, or None where only a JSON box can answer it."""
+def order_of(schema: Any) -> list[str] | None:
+    """The names of ``schema``'s properties in the order written (kept beside the schema: a
+    database may store an object's keys in another order)."""
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    return [str(name) for name in properties][:MAX_FIELDS + 1] if isinstance(properties, dict) else None
+
+
+def form_of(step: Any) -> Form | None:
+    """The form of a question (a ``WorkflowStep``): its schema, its fields in the order asked."""
+    return build(step.schema, order=step.field_order)
+
+
+def build(schema: Any, order: list[str] | None = None) -> Form | None:
+    """The form of ``schema``, or None where only a JSON box can answer it; ``order``: the
+    properties' names in the order their fields come (the others after them, as they are)."""
     if not isinstance(schema, dict):
         return None
     if schema.get("type") == "object" or "properties" in schema:
         properties = schema.get("properties")
         if not isinstance(properties, dict) or not properties or len(properties) > MAX_FIELDS:
             return None
+        if isinstance(order, list):
+            rank = {name: i for i, name in enumerate(order) if isinstance(name, str)}
+            properties = dict(sorted(properties.items(), key=lambda kv: rank.get(kv[0], len(rank))))
         listed = schema.get("required")
         required: list[Any] = listed if isinstance(listed, list) else []
         fields = [_field(str(name), sub, name in required) for name, sub in properties.items()]

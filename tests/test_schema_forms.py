@@ -107,3 +107,12 @@ def test_the_mcp_schema_is_a_flat_object_of_primitives() -> None:
     assert mcp_schema(form) == {"type": "object", "properties": {"answer": {"type": "string", "enum": ["a", "b"],
                                                                             "enumNames": ["a", "b"]}},
                                 "required": ["answer"]}
+
+
+def test_the_fields_come_in_the_order_asked_whatever_order_the_database_keeps() -> None:
+    # PostgreSQL's jsonb gives an object's keys back shortest first: the order asked is kept beside it.
+    stored = {"type": "object", "properties": {"due": {"type": "string"}, "title": {"type": "string"},
+                                               "priority": {"type": "integer"}}}
+    form = build(stored, order=["title", "priority", "due"])
+    assert form is not None and [f.name for f in form.fields] == ["title", "priority", "due"]
+    assert schema_forms.order_of(TICKET_SCHEMA) == ["title", "priority", "due", "notify"]

@@ -81,9 +81,9 @@ class AnswerForm(forms.Form):
     field per property of a flat object, one field for one value, the JSON box otherwise. Its
     ``cleaned_data["answer"]`` is the answer."""
 
-    def __init__(self, *args: Any, schema: Any = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, schema: Any = None, order: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.schema_form = schema_forms.build(schema)
+        self.schema_form = schema_forms.build(schema, order=order)
         if self.schema_form is None or self.schema_form.single:
             self.fields["answer"] = answer_field(schema)
         else:
@@ -111,7 +111,7 @@ class OpenQuestionAdmin(NexoModelAdmin):
         return super().get_queryset(request).filter(kind=StepKind.QUESTION, status=StepStatus.WAITING)
 
     def get_answer_form(self, request: HttpRequest, step: WorkflowStep, data: Any = None) -> AnswerForm:
-        return AnswerForm(data, schema=step.schema)
+        return AnswerForm(data, schema=step.schema, order=step.field_order)
 
     @admin.display(description="asked", ordering="created_at")
     def asked(self, obj: WorkflowStep) -> str:

@@ -63,7 +63,7 @@ def choices(form: schema_forms.Form | None) -> list[tuple[Any, str]] | None:
 def actions_block(step: WorkflowStep) -> dict[str, Any]:
     """The message's way to answer ``step``: a button per choice (a select past :data:`BUTTONS`),
     each value ``<step id>:<choice number>``, or one button that opens the modal."""
-    found = choices(schema_forms.build(step.schema))
+    found = choices(schema_forms.form_of(step))
     if found is None:
         return {"type": "actions", "block_id": f"nexo_q{step.pk}", "elements": [
             {"type": "button", "action_id": OPEN, "value": str(step.pk), "style": "primary",
@@ -81,7 +81,7 @@ def actions_block(step: WorkflowStep) -> dict[str, Any]:
 def modal(step: WorkflowStep, where: dict[str, Any]) -> dict[str, Any]:
     """The modal of ``step``: the question, then an input per field of its form (a JSON box where
     the form cannot express the schema). ``private_metadata`` names the question and the message."""
-    form = schema_forms.build(step.schema)
+    form = schema_forms.form_of(step)
     if form is not None:
         inputs = schema_forms.slack_blocks(form)
     else:
@@ -158,7 +158,7 @@ def on_action(channel: SlackChannel, payload: dict[str, Any], action: dict[str, 
             log.warning("slack: opening the answer's modal of %s failed: %s", step.pk, exc)
             return channel._tell(where, slack_user, f"Could not open the answer's form ({exc}); answer it in the admin.")
         return HttpResponse(status=200)
-    found = choices(schema_forms.build(step.schema))
+    found = choices(schema_forms.form_of(step))
     if found is None or not index.isdigit() or int(index) >= len(found):
         return channel._tell(where, slack_user, "Nothing was answered: that choice is not one of this question's.")
     refused = _answer(channel, step, found[int(index)][0], payload, slack_user, who)
@@ -191,7 +191,7 @@ def on_submission(channel: SlackChannel, payload: dict[str, Any]) -> HttpRespons
     step = _step(meta.get("step") if isinstance(meta, dict) else None)
     if step is None:
         return errors(JSON_BOX, "This question no longer exists.")
-    form = schema_forms.build(step.schema)
+    form = schema_forms.form_of(step)
     if form is None:
         raw = ((state.get(JSON_BOX) or {}).get("value") or {}).get("value") if isinstance(state, dict) else None
         try:

@@ -395,6 +395,7 @@ class Pass:
                     raise WorkflowError(f"ask({key!r}, ...): the schema is not a valid JSON Schema: {exc.message}") from exc
             row = self._record(WorkflowStep(
                 name=key, kind=StepKind.QUESTION, status=StepStatus.WAITING, question=question, schema=schema,
+                field_order=schema_forms.order_of(schema),
                 expires_at=deadline(self.cls, timezone.now()),
             ))
             raise _Suspend(row)

@@ -12,6 +12,11 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name='workflowstep',
+            name='field_order',
+            field=models.JSONField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name='workflowstep',
             name='answer_source',
             field=models.CharField(blank=True, default='', max_length=64),
         ),
