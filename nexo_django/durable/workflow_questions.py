@@ -133,7 +133,13 @@ def expire_questions(now: datetime) -> list[str]:
 
 
 def expire_open_questions(run: AgentRun) -> None:
-    """The run was cancelled: its open questions can no longer be answered."""
-    WorkflowStep.objects.filter(run_id=run.pk, kind=StepKind.QUESTION, status=StepStatus.WAITING).update(
-        status=StepStatus.EXPIRED, updated_at=timezone.now()
-    )
+    """The run was cancelled (inside the cancel's transaction): its open questions can no longer
+    be answered, and their messages say so (a ``question.expired`` notice each, as the
+    reconciler's expiry writes)."""
+    now = timezone.now()
+    waiting = list(WorkflowStep.objects.filter(run_id=run.pk, kind=StepKind.QUESTION, status=StepStatus.WAITING))
+    if waiting and WorkflowStep.objects.filter(pk__in=[s.pk for s in waiting], status=StepStatus.WAITING).update(
+        status=StepStatus.EXPIRED, answered_at=now, updated_at=now
+    ):
+        for step in waiting:
+            outbox.on_question("question.expired", step, now)

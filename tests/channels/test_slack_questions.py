@@ -254,3 +254,13 @@ def test_an_expired_question_is_refused_on_every_path(slack: SlackServer, dora: 
         step.refresh_from_db()
         assert step.answered_by is None and step.result is None
         assert step.status == (StepStatus.EXPIRED if reconciled else StepStatus.WAITING)
+
+
+def test_a_cancelled_run_ends_its_questions_messages(slack: SlackServer, dora: Any, counter: Path) -> None:
+    run = Ask.run({})
+    step = WorkflowStep.objects.get(run_id=run.pk, name="channel")
+    assert actions(question_message(slack, step)[0])
+    assert run.cancel(by=dora, reason="not needed")
+    shown, _ = question_message(slack, step)
+    assert "Not answered" in text_of(shown) and actions(shown) == []  # no button left to press
+    assert Notice.objects.get(channel="ops", kind="question.expired", run_id=run.pk).status == "delivered"
