@@ -642,6 +642,9 @@ class WorkflowStep(models.Model):
     #: the schema's properties in the order asked (PostgreSQL's jsonb keeps an object's keys in an
     #: order of its own): the order of the answer's form
     field_order = models.JSONField(null=True, blank=True)
+    #: what an MCP server asked, for a question of an agent run's tool call (durable.elicitation):
+    #: its mode, URL, key, call, round and requestState, stored as sent; None for a workflow's
+    request = StoredJSONField(null=True, blank=True)
     #: copied from the run, so the inbox filters and four eyes read no join
     workflow = models.CharField(max_length=255, blank=True, default="")
     expires_at = models.DateTimeField(null=True, blank=True)

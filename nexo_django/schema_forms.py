@@ -17,7 +17,6 @@ widgets, Slack's ``plain_text``).
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from datetime import date
 from typing import Any
 
 from . import storable
+from .core.mcp_input import asks_secret
 
 #: the schema's stored JSON, nesting and fields at most (a Slack modal holds 100 blocks)
 MAX_SCHEMA_BYTES = 64_000
@@ -34,11 +34,6 @@ MAX_FIELDS = 40
 MAX_CHOICES = 100
 #: formats a string field may take
 FORMATS = ("email", "uri", "date")
-#: words of a field's name that ask for a secret (its words: split at separators and camelCase)
-SECRET_WORDS = frozenset({"password", "passwd", "passphrase", "passcode", "pass", "pin", "secret", "token", "otp",
-                          "credential", "credentials", "apikey", "privatekey"})
-#: two words that together ask for one ("api_key", "accessKey")
-SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "code")})
 SCALARS = ("string", "number", "integer", "boolean")
 
 
@@ -184,13 +179,6 @@ def build(schema: Any, order: list[str] | None = None) -> Form | None:
         return Form(tuple(f for f in fields if f is not None), single=False)
     field = _field("", schema, True)
     return Form((field,), single=True) if field is not None else None
-
-
-def asks_secret(name: str) -> bool:
-    """Whether a field named ``name`` asks for a secret (``api_token``, ``Password``, ``apiKey``;
-    not ``max_tokens`` or ``bypass``)."""
-    words = [w.lower() for w in re.split(r"[\W_]+|(?<=[a-z0-9])(?=[A-Z])", name) if w]
-    return any(w in SECRET_WORDS for w in words) or any(pair in SECRET_PAIRS for pair in itertools.pairwise(words))
 
 
 def secret_fields(schema: Any) -> list[str]:

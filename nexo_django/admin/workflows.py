@@ -177,11 +177,16 @@ def answer_view(model_admin: OpenQuestionAdmin, request: HttpRequest, object_id:
         step = None
     if step is None:
         raise Http404("No such question.")
-    form = model_admin.get_answer_form(request, step, request.POST if request.method == "POST" else None)
-    if request.method == "POST" and form.is_valid():
+    # An MCP server's ask (durable.elicitation): a form, or (url mode) a link; declined or cancelled too.
+    server_ask = step.request if isinstance(step.request, dict) else None
+    action = str(request.POST.get("action") or "accept") if request.method == "POST" else "accept"
+    data = request.POST if request.method == "POST" and action == "accept" else None
+    form: forms.Form = (forms.Form(data) if server_ask and server_ask.get("mode") == "url"
+                        else model_admin.get_answer_form(request, step, data))
+    if request.method == "POST" and (action != "accept" or form.is_valid()):
+        value = form.cleaned_data.get("answer") if action == "accept" else None
         try:
-            workflow_questions.answer(step.run, step.name, form.cleaned_data["answer"], by=request.user,
-                                      source="admin")
+            workflow_questions.answer(step.run, step.name, value, by=request.user, source="admin", action=action)
         except (InvalidAnswer, WorkflowError) as exc:
             form.add_error("answer" if "answer" in form.fields else None, str(exc))
         except AlreadyDecided as exc:
@@ -212,6 +217,7 @@ def answer_view(model_admin: OpenQuestionAdmin, request: HttpRequest, object_id:
         "form": form,
         "open": step.status == StepStatus.WAITING,
         "can_decide": model_admin.has_decide_permission(request, step),
+        "server_ask": server_ask,
     }
     return TemplateResponse(request, model_admin.answer_template, context)
 

@@ -109,7 +109,8 @@ class Channel:
             decision.channel_user = channel_user[:255]
         return decision
 
-    def answer_question(self, step: WorkflowStep, value: Any, *, user: Any, channel_user: str) -> WorkflowStep:
+    def answer_question(self, step: WorkflowStep, value: Any, *, user: Any, channel_user: str,
+                        action: str = "accept") -> WorkflowStep:
         """Answer ``step`` as ``user`` through the one answering path
         (:func:`nexo_django.durable.workflow_questions.answer`: the decide permission, four eyes,
         expiry, the schema, once), recorded with ``answer_source`` = the channel's name and
@@ -118,7 +119,7 @@ class Channel:
         if user is None or not getattr(user, "is_active", False):
             raise PermissionDenied("this person has no active account here")
         return workflow_questions.answer(step.run, step.name, value, by=user, source=self.name,
-                                         channel_user=channel_user[:255])
+                                         channel_user=channel_user[:255], action=action)
 
     def client(self, url: str, timeout: float) -> httpx.Client:
         """An httpx client for ``url``'s host with the fetch guard's connect-time rules: every
@@ -158,10 +159,7 @@ def subject(notice: Notice) -> tuple[AgentRun | None, ToolCall | None]:
 
 def question_of(notice: Notice) -> WorkflowStep | None:
     """The workflow question a ``question.*`` notice is about (None for other notices)."""
-    pk = (notice.payload or {}).get("step") if notice.kind.startswith("question.") else None
-    if not isinstance(pk, int):
-        return None
-    return WorkflowStep.objects.filter(pk=pk, run_id=notice.run_id).select_related("answered_by").first()
+    return workflow_questions.step_of(notice) if notice.kind.startswith("question.") else None
 
 
 def question_urls(step: WorkflowStep) -> dict[str, str | None]:

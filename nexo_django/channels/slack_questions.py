@@ -32,15 +32,16 @@ class SlackChannel(Protocol):
 
     def api(self, method: str, *, form: bool = False, **fields: Any) -> dict[str, Any]: ...
     def get_user(self, slack_user: str, payload: dict[str, Any]) -> Any: ...
-    def answer_question(self, step: WorkflowStep, value: Any, *, user: Any, channel_user: str) -> WorkflowStep: ...
+    def answer_question(self, step: WorkflowStep, value: Any, *, user: Any, channel_user: str,
+                        action: str = "accept") -> WorkflowStep: ...
     def _tell(self, where: dict[str, Any], slack_user: str, text: str) -> HttpResponse: ...
 
 log = logging.getLogger("nexo_django.channels.slack")
 
 #: the action ids of a question's message and the modal's callback id
-PICK, OPEN = "nexo_answer_pick", "nexo_answer_open"
+PICK, OPEN, DECLINE = "nexo_answer_pick", "nexo_answer_open", "nexo_answer_decline"
 CALLBACK = "nexo_answer"
-ACTIONS = (PICK, OPEN)
+ACTIONS = (PICK, OPEN, DECLINE)
 #: buttons in the message at most; more choices are a select
 BUTTONS = 5
 #: what a modal's JSON box takes (Slack's plain_text_input holds 3,000 characters)
@@ -62,7 +63,16 @@ def choices(form: schema_forms.Form | None) -> list[tuple[Any, str]] | None:
 
 def actions_block(step: WorkflowStep) -> dict[str, Any]:
     """The message's way to answer ``step``: a button per choice (a select past :data:`BUTTONS`),
-    each value ``<step id>:<choice number>``, or one button that opens the modal."""
+    each value ``<step id>:<choice number>``, or one button that opens the modal; an MCP server's
+    ask has a *Decline* button too."""
+    block = _choices_block(step)
+    if isinstance(step.request, dict):
+        block["elements"].append({"type": "button", "action_id": DECLINE, "value": str(step.pk), "style": "danger",
+                                  "text": schema_forms.slack_text("Decline", 75)})
+    return block
+
+
+def _choices_block(step: WorkflowStep) -> dict[str, Any]:
     found = choices(schema_forms.form_of(step))
     if found is None:
         return {"type": "actions", "block_id": f"nexo_q{step.pk}", "elements": [
@@ -112,14 +122,14 @@ def _who(channel: SlackChannel, payload: dict[str, Any]) -> tuple[str, str]:
 
 
 def _answer(channel: SlackChannel, step: WorkflowStep, value: Any, payload: dict[str, Any], slack_user: str,
-            who: str) -> str:
+            who: str, action: str = "accept") -> str:
     """Answer through the one function; "" when recorded, else the sentence that says why not."""
     try:
         user = channel.get_user(slack_user, payload)
     except NexoError as exc:
         return f"Could not look you up in Slack ({exc}); nothing was answered."
     try:
-        channel.answer_question(step, value, user=user, channel_user=who)
+        channel.answer_question(step, value, user=user, channel_user=who, action=action)
     except PermissionDenied as exc:
         return f"Nothing was answered: {str(exc) or 'you may not answer this question'}."
     except (AlreadyDecided, InvalidAnswer, WorkflowError) as exc:  # answered by someone (named), expired, refused
@@ -135,7 +145,7 @@ def on_action(channel: SlackChannel, payload: dict[str, Any], action: dict[str, 
         container = payload.get("container") or {}
         where = {"channel": container.get("channel_id") or (payload.get("channel") or {}).get("id"),
                  "ts": container.get("message_ts") or (payload.get("message") or {}).get("ts")}
-        if action_id == OPEN:
+        if action_id in (OPEN, DECLINE):
             step_pk, index = action["value"], None
         else:
             raw = (action.get("selected_option") or {}).get("value") if action.get("type") == "static_select" \
@@ -148,6 +158,9 @@ def on_action(channel: SlackChannel, payload: dict[str, Any], action: dict[str, 
         return channel._tell(where, slack_user, "This question no longer exists.")
     if step.status != StepStatus.WAITING:
         return channel._tell(where, slack_user, f"Nothing was answered: {_closed(step)}.")
+    if action_id == DECLINE:
+        refused = _answer(channel, step, None, payload, slack_user, who, action="decline")
+        return channel._tell(where, slack_user, refused) if refused else HttpResponse(status=200)
     if index is None:
         trigger = payload.get("trigger_id")
         if not isinstance(trigger, str) or not trigger:

@@ -209,10 +209,11 @@ class WebhookChannel(Channel):
         ``question.*`` event): 200 with who answered; 400 a malformed body or an answer the schema
         refuses (``error`` says why); 403 a person who may not answer; 404 no such question; 409
         answered already (by whom) or ended. Nothing is recorded but a 200's answer."""
-        usage = 'give {"question": <its id>, "answer": <JSON>, "user": "..."}'
+        usage = 'give {"question": <its id>, "answer": <JSON>, "user": "..."} (or "action": "decline" | "cancel")'
         try:
             step_pk, person = body["question"], str(body["user"])
-            if type(step_pk) is not int or set(body) - {"question", "answer", "user"} or "answer" not in body:
+            if type(step_pk) is not int or set(body) - {"question", "answer", "user", "action"} or not (
+                    "answer" in body or "action" in body) or not isinstance(body.get("action", ""), str):
                 raise ValueError(usage)
             if "\x00" in person:
                 raise ValueError("a NUL character")  # PostgreSQL's text holds none: refused here
@@ -222,8 +223,8 @@ class WebhookChannel(Channel):
         if step is None:
             return JsonResponse({"error": "no such question"}, status=404)
         try:
-            answered = self.answer_question(step, body["answer"], user=self.get_user(body),
-                                            channel_user=f"webhook:{person}")
+            answered = self.answer_question(step, body.get("answer"), user=self.get_user(body),
+                                            channel_user=f"webhook:{person}", action=body.get("action") or "accept")
         except PermissionDenied as exc:
             return JsonResponse({"error": str(exc) or "may not answer"}, status=403)
         except AlreadyDecided as exc:  # ApprovalExpired too

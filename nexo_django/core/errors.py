@@ -167,3 +167,15 @@ class InvalidAnswer(NexoError, ValueError):
 
 class NoAnswer(WorkflowError):
     """A workflow's question expired without an answer (raised from ``ask`` in ``call``)."""
+
+
+class InputRequired(NexoError):
+    """A tool needs a person's input before it can finish (an MCP server's ``input_required``
+    result, protocol 2026-07-28): ``asks`` (``core.mcp_input.Ask`` by the server's keys) and the
+    server's opaque ``state``. The loop hands it to its journal: a durable run suspends with a
+    question per ask and calls the tool again with the answers."""
+
+    def __init__(self, tool: str, asks: dict[str, Any], state: str | None) -> None:
+        super().__init__(f"{tool} needs a person's input: " + "; ".join(f"{k}: {getattr(a, 'message', '')}"[:200]
+                                                                       for k, a in asks.items()))
+        self.tool, self.asks, self.state = tool, asks, state

@@ -9,7 +9,7 @@ from typing import Any
 from django.utils import timezone
 
 from ..models import CallStatus, StepStatus, ToolCall, WorkflowStep
-from . import notify
+from . import notify, workflow_questions
 from .outbox import NothingToSay
 
 
@@ -36,10 +36,8 @@ class EmailNotices:
         return {"sent": sent}
 
     def _question(self, notice: Any) -> dict[str, Any]:
-        pk = (notice.payload or {}).get("step")
-        step = (WorkflowStep.objects.filter(pk=pk, status=StepStatus.WAITING).select_related("run").first()
-                if isinstance(pk, int) else None)
-        if step is None:
+        step = workflow_questions.step_of(notice)
+        if step is None or step.status != StepStatus.WAITING:
             raise NothingToSay("the question was answered or ended before it was emailed")
         sent = notify.send_question_emails(step, reminder=notice.kind == "question.reminder")
         if notice.kind == "question.asked":

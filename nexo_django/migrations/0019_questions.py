@@ -12,6 +12,11 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name='workflowstep',
+            name='request',
+            field=models.JSONField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name='workflowstep',
             name='field_order',
             field=models.JSONField(blank=True, null=True),
         ),
