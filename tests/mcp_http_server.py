@@ -169,6 +169,9 @@ def build_server() -> MCPServer:
                 message="Open the consent page and agree", url="https://consent.example.com/agree?x=<b>"))},
                 request_state="visit-state-1")
         VISITS.append(ctx.request_state)
+        if os.environ.get("NEXO_TEST_MCP_COUNT"):  # every process's retries, in one file
+            with open(os.environ["NEXO_TEST_MCP_COUNT"], "a") as counted:
+                counted.write(f"{answers['consent'].action}\n")
         return f"{answers['consent'].action} with {ctx.request_state} (retry {len(VISITS)} of this process)"
 
     @server.tool(description="Ask by form for a secret (refused by a client that follows the spec).")

@@ -20,7 +20,7 @@ from django.db import DatabaseError, DataError, IntegrityError, connection, conn
 from django.utils import timezone
 
 from ..conf import nexo_settings
-from ..core.agent import CallDecision, Journal, open_calls
+from ..core.agent import WAITING, CallDecision, Journal, open_calls
 from ..core.errors import InputRequired, LeaseLost, PendingCall, SecurityError, ToolArgumentError
 from ..core.llm.base import Message, add_usage
 from ..models import (
@@ -580,8 +580,10 @@ class DbJournal(Journal):
 
     def answers_for(self, call: dict[str, Any]) -> Any:
         # Only a call whose row says it asked (durable.elicitation): no statement for any other.
-        row = self.calls.get(call["id"])
-        return elicitation.answers_for(self.run.pk, call["id"]) if elicitation.asked_before(row) else None
+        found = elicitation.answers_for(self.run.pk, call["id"]) if elicitation.asked_before(self.calls.get(call["id"])) else None
+        if found is not None and found != WAITING:
+            crash_point("input_answered")  # read, the tool not called again yet
+        return found
 
     def input_required(self, call: dict[str, Any], tool: Tool, required: InputRequired) -> Any:
         return elicitation.asked(self, call, tool, required)

@@ -6,18 +6,21 @@ and the stored ``requestState``, once, and the run goes on. Scripted models."""
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nexo_django import Agent, Permissions
+from nexo_django.core.mcp import MCPServer
 from nexo_django.durable import workflow_questions
 from nexo_django.errors import AlreadyDecided, InvalidAnswer
 from nexo_django.models import CallStatus, RunStatus, StepStatus, ToolCall, WorkflowStep
 from nexo_django.testing import ScriptedModel, reply, tool_call
 from tests.admin.support import client_for, make_user
-from tests.core.test_mcp import TEST_STDIO
+from tests.core.test_mcp import SERVER_SCRIPT, TEST_STDIO
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.durable]
 
@@ -172,3 +175,81 @@ def test_a_server_that_never_stops_asking_is_stopped_past_the_rounds_bound(count
     assert run.status == RunStatus.DONE
     assert f"asked a person for input {MAX_ROUNDS} times and asks again" in last_tool_result(run)["error"]
     assert WorkflowStep.objects.filter(run_id=run.pk).count() == MAX_ROUNDS
+
+
+COUNTED_STDIO = MCPServer.stdio("test", sys.executable, [SERVER_SCRIPT, "--transport", "stdio"],
+                                env={"NEXO_TEST_MCP_COUNT": "${NEXO_TEST_MCP_COUNT}"}, timeout=10)
+
+
+class CountedVisits(Agent):
+    model = ScriptedModel([tool_call("visit"), reply("done")])
+    permissions = Permissions("approve", mcp_allow=["visit"])
+    mcp_servers = [COUNTED_STDIO]
+
+
+@pytest.mark.redis
+def test_a_worker_killed_between_the_answer_and_the_retry_retries_once(
+    rq_worker: Any, monkeypatch: pytest.MonkeyPatch, counter: Path, tmp_path: Path
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from nexo_django.durable.recovery import reconcile
+    from nexo_django.models import AgentRun
+    from tests.servers import wait_until
+
+    retries = tmp_path / "retries.txt"
+    monkeypatch.setenv("NEXO_TEST_MCP_COUNT", str(retries))
+    monkeypatch.setenv("NEXO_TEST_CRASH_AT", "input_answered")
+    monkeypatch.setenv("NEXO_TEST_CRASH_ONCE", str(tmp_path / "crashed-once"))
+    rq_worker(1)
+    boss = make_user("boss", "nexo_django.decide_toolcall")
+    run = CountedVisits.run_later("Get consent.")
+    step = wait_until(lambda: WorkflowStep.objects.filter(run_id=run.pk, status=StepStatus.WAITING).first(),
+                      timeout=60, what="the server's question")
+    wait_until(lambda: AgentRun.objects.filter(pk=run.pk, status=RunStatus.SUSPENDED).exists(), timeout=60,
+               what="the suspension")
+    workflow_questions.answer(run, step.name, None, by=boss)  # the worker takes the run, reads it, dies
+    wait_until(lambda: (tmp_path / "crashed-once").exists(), timeout=60, what="the crash")
+    time.sleep(0.3)
+    assert not retries.exists()  # killed before the tool was called again
+    # The worker read the answers before its first commit (a run is claimed by it): the run is still
+    # queued, its job ended; the reconciler's round for queued runs sends it again (made old here).
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.QUEUED
+    AgentRun.objects.filter(pk=run.pk).update(updated_at=timezone.now() - timedelta(hours=1))
+    assert reconcile(full=True).requeued == [str(run.pk)]
+    done = wait_until(lambda: AgentRun.objects.filter(pk=run.pk, status__in=[RunStatus.DONE, RunStatus.FAILED,
+                                                                            RunStatus.NEEDS_ATTENTION]).first(),
+                      timeout=60, what="the run's end")
+    assert (done.status, done.error) == (RunStatus.DONE, "")
+    assert retries.read_text() == "accept\n"  # the retry, once
+
+
+class WebElicits(Agent):
+    """As ``Elicits``, over streamable HTTP (its server is set by the test: a port of its own)."""
+
+    model = ScriptedModel([tool_call("ask"), reply("done")])
+    permissions = Permissions("approve", mcp_allow=["ask"])
+    mcp_servers: list[MCPServer] = []
+
+
+def test_over_streamable_http_the_question_waits_and_the_retry_answers(
+    monkeypatch: pytest.MonkeyPatch, counter: Path
+) -> None:
+    from tests.core.test_mcp import TOKEN_ENV, HTTPServer
+
+    server = HTTPServer()
+    try:
+        monkeypatch.setenv(TOKEN_ENV, server.token)
+        monkeypatch.setattr(WebElicits, "mcp_servers", [server.server()])
+        boss = make_user("boss", "nexo_django.decide_toolcall")
+        run = WebElicits.run("Ask me for a word.")
+        assert run.status == RunStatus.SUSPENDED
+        step = asked(run)
+        assert step.question == "Which word?" and step.request["round"] == 1
+        workflow_questions.answer(run, step.name, {"word": "http"}, by=boss)
+        run.refresh_from_db()
+        assert run.status == RunStatus.DONE and last_tool_result(run)["content"] == ["http"]
+    finally:
+        server.stop()
