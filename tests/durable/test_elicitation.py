@@ -253,3 +253,14 @@ def test_over_streamable_http_the_question_waits_and_the_retry_answers(
         assert run.status == RunStatus.DONE and last_tool_result(run)["content"] == ["http"]
     finally:
         server.stop()
+
+
+def test_a_cancelled_run_ends_its_mcp_questions(counter: Path) -> None:
+    boss = make_user("boss", "nexo_django.decide_toolcall")
+    run = Elicits.run("Ask me for a word.")
+    step = asked(run)
+    assert run.cancel(by=boss, reason="not needed")
+    step.refresh_from_db()
+    assert step.status == StepStatus.EXPIRED
+    with pytest.raises(AlreadyDecided, match="ended without an answer"):
+        workflow_questions.answer(run, step.name, {"word": "late"}, by=boss)
