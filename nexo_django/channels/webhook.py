@@ -13,7 +13,7 @@
 ``call`` is there for the ``approval.*`` types, ``decision`` once there is one; the arguments only
 with ``INCLUDE_ARGS``. The ``question.*`` types (a workflow's question asked, answered, expired)
 carry ``"question": {"id", "key", "question", "schema", "status", "expires_at", "answered_by",
-"answered_at", "source", "channel_user", "admin_url", "answer_url"}`` instead (``answer_url``: the JSON endpoint that takes
+"answered_at", "source", "channel_user", "mcp", "admin_url", "answer_url"}`` instead (``answer_url``: the JSON endpoint that takes
 ``{"answer": ...}`` with a session; ``id``: the question's, for the signed answer below). Headers: ``X-Nexo-Signature: t=<unix>,v1=<HMAC-SHA256(SECRET, t + "." +
 body)>`` (:func:`nexo_django.channels.signing.verify_signature` checks it), ``Idempotency-Key`` and
 ``X-Nexo-Event`` (the type). A 2xx answer delivers it; anything else is tried again (``Retry-After``
@@ -91,6 +91,9 @@ def describe_question(step: WorkflowStep) -> dict[str, Any]:
         "answered_by": str(step.answered_by) if step.answered_by_id else None,
         "answered_at": step.answered_at.isoformat() if step.answered_at and step.status == "answered" else None,
         "source": step.answer_source or None, "channel_user": step.channel_user or None,
+        # An MCP server's ask (durable.elicitation): its tool, mode, the link of a url-mode ask, the
+        # round; never its requestState (the server's own).
+        "mcp": {k: step.request.get(k) for k in ("tool", "mode", "url", "round")} if isinstance(step.request, dict) else None,
         **question_urls(step),
     }
 

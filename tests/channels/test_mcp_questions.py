@@ -60,6 +60,8 @@ def test_a_webhook_and_the_json_endpoint_answer_mcp_questions(settings: Any, cou
         step = asked(run)
         [event] = wait_for(lambda: [e for e in receiver.received.values() if e["type"] == "question.asked"])
         assert event["question"]["id"] == step.pk and event["question"]["question"] == "Which word?"
+        assert event["question"]["mcp"] == {"tool": "ask", "mode": "form", "url": None, "round": 1}
+        assert "state" not in str(event["question"]["mcp"])
         refused = post({"question": step.pk, "action": "maybe", "user": "dora"})
         assert refused.status_code == 400 and "or decline or cancel" in refused.json()["error"]
         assert post({"question": step.pk, "answer": {"word": "hook"}, "user": "dora"}).status_code == 200
