@@ -5,8 +5,9 @@ of string, number, integer, boolean and enum fields, each with its ``title``, ``
 ``default``, bounds (``minimum``/``maximum``, ``minLength``/``maxLength``) and ``format`` (email,
 uri, date). What it cannot express (nesting, arrays, ``oneOf`` of objects, no schema) is None: the
 caller keeps the JSON box for it. The same :class:`Form` is drawn as Django form fields
-(:func:`django_fields`), as a Slack modal's input blocks (:func:`slack_blocks`, read back by
-:func:`from_slack_state`) and as MCP's ``requestedSchema`` (:func:`mcp_schema`).
+(:func:`django_fields`) and as a Slack modal's input blocks (:func:`slack_blocks`, read back by
+:func:`from_slack_state`), for a workflow's question and an MCP server's (whose requested schema is
+this subset: ``durable.elicitation``).
 
 The schema is untrusted input when an MCP server sends it: :func:`check_schema` bounds its size,
 depth and number of fields, and refuses a field that asks for a secret (``format: password``, or a
@@ -400,25 +401,3 @@ def _slack_value(field: Field, entry: dict[str, Any]) -> Any:
             raise ValueError("Enter a finite number.")
         return number
     return raw
-
-
-# --- MCP: the requested schema ---------------------------------------------------------------------
-
-
-def mcp_schema(form: Form) -> dict[str, Any]:
-    """``form`` as MCP elicitation's ``requestedSchema``: a flat object of primitive properties."""
-    properties: dict[str, Any] = {}
-    for field in form.fields:
-        prop: dict[str, Any] = {}
-        if field.kind == "enum":
-            prop = {"type": "string", "enum": [v for v, _ in field.choices], "enumNames": [label for _, label in field.choices]}
-        else:
-            prop["type"] = field.kind
-        for key, value in (("title", field.title), ("description", field.description), ("default", field.default),
-                           ("minimum", field.minimum), ("maximum", field.maximum), ("minLength", field.min_length),
-                           ("maxLength", field.max_length), ("format", field.format)):
-            if value not in (None, ""):
-                prop[key] = value
-        properties[field.name or "answer"] = prop
-    required = [f.name or "answer" for f in form.fields if f.required]
-    return {"type": "object", "properties": properties, **({"required": required} if required else {})}

@@ -13,7 +13,6 @@ from nexo_django.schema_forms import (
     build,
     check_schema,
     from_slack_state,
-    mcp_schema,
     slack_blocks,
 )
 from tests.workflows_for_tests import TICKET_SCHEMA
@@ -99,14 +98,6 @@ def test_slack_blocks_and_their_state_read_back() -> None:
     assert from_slack_state(form, bad)[1] == {"f0": "This field is required.", "f1": "Enter a whole number."}
     forged = {**state, "f3": {"value": {"selected_option": {"value": "maybe"}}}}
     assert from_slack_state(form, forged)[1] == {"f3": "Choose Yes or No."}
-
-
-def test_the_mcp_schema_is_a_flat_object_of_primitives() -> None:
-    form = build({"enum": ["a", "b"]})
-    assert form is not None
-    assert mcp_schema(form) == {"type": "object", "properties": {"answer": {"type": "string", "enum": ["a", "b"],
-                                                                            "enumNames": ["a", "b"]}},
-                                "required": ["answer"]}
 
 
 def test_the_fields_come_in_the_order_asked_whatever_order_the_database_keeps() -> None:
