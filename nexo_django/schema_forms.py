@@ -9,8 +9,9 @@ caller keeps the JSON box for it. The same :class:`Form` is drawn as Django form
 :func:`from_slack_state`), for a workflow's question and an MCP server's (whose requested schema is
 this subset: ``durable.elicitation``).
 
-The schema is untrusted input when an MCP server sends it: :func:`check_schema` bounds its size,
-depth and number of fields, and refuses a field that asks for a secret (``format: password``, or a
+A workflow's schema is checked when it asks (:func:`check_schema`, an MCP server's at the edge by
+``core.mcp_input``): its size, depth and number of fields bounded, a field that asks for a secret
+refused (``format: password``, or a
 name such as token, password or secret): MCP's specification forbids asking secrets by form, and a
 question's answer is stored and shown in the admin. Every text of it is drawn escaped (Django's
 widgets, Slack's ``plain_text``).
