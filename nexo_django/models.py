@@ -657,6 +657,12 @@ class WorkflowStep(models.Model):
     #: a question's text and the JSON Schema its answer must match
     question = StoredTextField(blank=True, default="")
     schema = StoredJSONField(null=True, blank=True)
+    #: the schema's properties in the order asked (PostgreSQL's jsonb keeps an object's keys in an
+    #: order of its own): the order of the answer's form
+    field_order = models.JSONField(null=True, blank=True)
+    #: what an MCP server asked, for a question of an agent run's tool call (durable.elicitation):
+    #: its mode, URL, key, call, round and requestState, stored as sent; None for a workflow's
+    request = StoredJSONField(null=True, blank=True)
     #: copied from the run, so the inbox filters and four eyes read no join
     workflow = models.CharField(max_length=255, blank=True, default="")
     expires_at = models.DateTimeField(null=True, blank=True)
@@ -664,6 +670,10 @@ class WorkflowStep(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     answered_at = models.DateTimeField(null=True, blank=True)
+    #: where a question was answered ("admin", "json", a channel's name, "mcp") and who answered in
+    #: that channel's own terms ("slack:T01/U02"): with ``answered_by``, the answer's record
+    answer_source = models.CharField(max_length=64, blank=True, default="")
+    channel_user = models.CharField(max_length=255, blank=True, default="")
     #: When the approvers were emailed about a question (claimed by a compare-and-set).
     notified_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

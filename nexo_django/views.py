@@ -544,10 +544,12 @@ class QuestionAnswerView(View):
             body = request_json(request, empty={})
         except BadJSON as exc:
             return JsonResponse({"error": f'{exc}; send {{"answer": ...}}'}, status=400)
-        if not isinstance(body, dict) or set(body) != {"answer"}:
-            return JsonResponse({"error": 'send {"answer": ...}: the answer, as JSON, and nothing else'}, status=400)
+        if not isinstance(body, dict) or not (set(body) == {"answer"} or set(body) in ({"action"}, {"action", "answer"})):
+            return JsonResponse({"error": 'send {"answer": ...}: the answer, as JSON, and nothing else (an MCP '
+                                          'server\'s question also takes {"action": "decline" | "cancel"})'}, status=400)
         try:
-            step = workflow_questions.answer(run, key, body["answer"], by=request.user)
+            step = workflow_questions.answer(run, key, body.get("answer"), by=request.user, source="json",
+                                             action=str(body.get("action") or "accept"))
         except WorkflowError as exc:
             return JsonResponse({"error": str(exc)}, status=404)
         except AlreadyDecided as exc:  # ApprovalExpired too: answered meanwhile, or no longer answerable

@@ -1,11 +1,14 @@
 """Loopback stand-ins for the outside services of the channel tests, speaking their documented
 wire formats: a Slack Web API (``POST /api/<method>``, JSON or form bodies, a bearer token, answers
 ``{"ok": true, ...}`` / ``{"ok": false, "error": ...}``, 429 with ``Retry-After``) and a webhook
-receiver that verifies the app's signature and honours the idempotency key."""
+receiver that verifies the app's signature and honours the idempotency key. Slack's modals too:
+``views.open`` takes a click's ``trigger_id`` once within three seconds and checks the view as Slack
+does; :meth:`SlackServer.submission` is the ``view_submission`` payload Slack posts back."""
 
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import threading
 import time
@@ -82,6 +85,31 @@ class SlackServer(_Loopback):
         #: messages per page of conversations.history / .replies when the request gives no limit
         self.page_size = 100
         self._last_ts = 0.0
+        #: trigger_id -> when Slack gave it (with a click); views.open takes each once, within 3 s
+        self.triggers: dict[str, float] = {}
+        #: the modals views.open opened, by view id
+        self.views: dict[str, dict[str, Any]] = {}
+
+    def trigger(self) -> str:
+        """A new ``trigger_id``, as Slack puts in the payload of a click."""
+        with self.lock:
+            trigger_id = f"{len(self.triggers) + 1}.{int(time.time())}.{secrets.token_hex(8)}"
+            self.triggers[trigger_id] = time.monotonic()
+            return trigger_id
+
+    def submission(self, view_id: str, values: dict[str, Any], *, user: str = "U1", team: str = "T0001") -> dict[str, Any]:
+        """The ``view_submission`` payload Slack posts when the person sends the modal
+        ``view_id``: its ``callback_id`` and ``private_metadata`` as opened, ``state.values`` by
+        block and action id."""
+        view = self.views[view_id]
+        return {"type": "view_submission", "team": {"id": team, "domain": "acme"},
+                "user": {"id": user, "username": user.lower(), "team_id": team}, "api_app_id": "A0001",
+                "token": "deprecated-verification-token", "trigger_id": self.trigger(),
+                "view": {"id": view_id, "team_id": team, "type": "modal", "blocks": view["blocks"],
+                         "private_metadata": view.get("private_metadata", ""), "callback_id": view.get("callback_id", ""),
+                         "state": {"values": values}, "hash": f"{int(time.time())}.abc", "title": view["title"],
+                         "root_view_id": view_id, "app_id": "A0001", "bot_id": "B0001"},
+                "response_urls": []}
 
     @property
     def base_url(self) -> str:
@@ -125,6 +153,8 @@ class SlackServer(_Loopback):
         if method == "chat.postEphemeral":
             self.ephemeral.append(fields)
             return {"ok": True, "message_ts": "1.1"}
+        if method == "views.open":
+            return self._open_view(fields)
         if method in self.missing_scope:
             return {"ok": False, "error": "missing_scope", "needed": "channels:history", "provided": "chat:write"}
         if method in ("conversations.history", "conversations.replies"):
@@ -133,6 +163,27 @@ class SlackServer(_Loopback):
             user = self.users.get(fields.get("user", ""))
             return {"ok": True, "user": user} if user else {"ok": False, "error": "user_not_found"}
         return {"ok": False, "error": "unknown_method"}
+
+    def _open_view(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """views.open as Slack documents it: a ``trigger_id`` from a click, used once within three
+        seconds (``invalid_trigger_id`` / ``expired_trigger_id``), and a modal view Slack would
+        take (``invalid_arguments`` with the reasons otherwise)."""
+        trigger = fields.get("trigger_id")
+        issued = self.triggers.get(trigger) if isinstance(trigger, str) else None
+        if issued is None:
+            return {"ok": False, "error": "invalid_trigger_id"}
+        if issued < 0 or time.monotonic() - issued > 3:  # used before, or too late
+            return {"ok": False, "error": "expired_trigger_id"}
+        self.triggers[trigger] = -1.0
+        view = fields.get("view")
+        if isinstance(view, str):
+            view = json.loads(view)
+        problems = view_problems(view)
+        if problems:
+            return {"ok": False, "error": "invalid_arguments", "response_metadata": {"messages": problems}}
+        view_id = f"V{len(self.views) + 1:08d}"
+        self.views[view_id] = view
+        return {"ok": True, "view": {"id": view_id, **view, "state": {"values": {}}}}
 
     def _history(self, method: str, fields: dict[str, Any]) -> dict[str, Any]:
         """conversations.history (the channel's messages, not the replies in threads) or
@@ -285,3 +336,42 @@ class RawListener:
                 self._stop.wait(max(0.0, deadline - time.monotonic()))
             except OSError:
                 return
+
+
+def view_problems(view: Any) -> list[str]:
+    """What Slack refuses in a modal (its documented limits), as its ``[ERROR]`` messages."""
+    if not isinstance(view, dict) or view.get("type") != "modal":
+        return ["[ERROR] must be a modal view [json-pointer:/view/type]"]
+    problems = []
+    for key, limit in (("title", 24), ("submit", 24), ("close", 24)):
+        text = view.get(key)
+        if text is None and key != "title":
+            continue
+        if not isinstance(text, dict) or text.get("type") != "plain_text" or not 0 < len(text.get("text", "")) <= limit:
+            problems.append(f"[ERROR] must be a plain_text of at most {limit} characters [json-pointer:/view/{key}]")
+    blocks = view.get("blocks")
+    if not isinstance(blocks, list) or not 0 < len(blocks) <= 100:
+        return [*problems, "[ERROR] must hold 1 to 100 blocks [json-pointer:/view/blocks]"]
+    ids = [b.get("block_id") for b in blocks if isinstance(b, dict) and b.get("block_id")]
+    if len(ids) != len(set(ids)):
+        problems.append("[ERROR] block_id must be unique [json-pointer:/view/blocks]")
+    inputs = [b for b in blocks if isinstance(b, dict) and b.get("type") == "input"]
+    if inputs and view.get("submit") is None:
+        problems.append("[ERROR] a view with inputs needs submit [json-pointer:/view/submit]")
+    for index, block in enumerate(inputs):
+        label, element = block.get("label") or {}, block.get("element") or {}
+        if label.get("type") != "plain_text" or not 0 < len(label.get("text", "")) <= 2000:
+            problems.append(f"[ERROR] label must be plain_text of 1 to 2000 characters [json-pointer:/view/blocks/{index}]")
+        if element.get("type") not in INPUT_ELEMENTS or not element.get("action_id"):
+            problems.append(f"[ERROR] not a valid input element [json-pointer:/view/blocks/{index}/element]")
+        for option in element.get("options") or []:
+            if len(option.get("text", {}).get("text", "")) > 75 or len(option.get("value", "")) > 150:
+                problems.append(f"[ERROR] an option's text or value is too long [json-pointer:/view/blocks/{index}]")
+    if len(str(view.get("private_metadata", ""))) > 3000 or len(str(view.get("callback_id", ""))) > 255:
+        problems.append("[ERROR] private_metadata or callback_id too long [json-pointer:/view]")
+    return problems
+
+
+#: the elements an input block takes (those the app uses among them)
+INPUT_ELEMENTS = frozenset({"plain_text_input", "email_text_input", "url_text_input", "number_input", "datepicker",
+                            "static_select", "radio_buttons", "checkboxes"})

@@ -24,11 +24,20 @@ import anyio
 from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools.base import Tool
-from mcp.types import ToolAnnotations
+from mcp.server.request_state import RequestStateSecurity
+from mcp.types import (
+    ElicitRequest,
+    ElicitRequestFormParams,
+    ElicitRequestURLParams,
+    InputRequiredResult,
+    ToolAnnotations,
+)
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True)
+#: the request states ``visit`` was called again with, in this process
+VISITS: list[str | None] = []
 
 
 class Word(BaseModel):
@@ -37,6 +46,23 @@ class Word(BaseModel):
 
 def which_word() -> Elicit[Word]:
     return Elicit("Which word?", Word)
+
+
+class Colour(BaseModel):
+    colour: str
+
+
+class Size(BaseModel):
+    size: int
+
+
+def which_colour() -> Elicit[Colour]:
+    return Elicit("Which colour?", Colour)
+
+
+def which_size(word: Annotated[Word, Resolve(which_word)]) -> Elicit[Size]:
+    # Asked once the word is known: a second round of input.
+    return Elicit(f"How big is {word.word!r}?", Size)
 
 
 def _broken_schema_tool() -> Tool:
@@ -59,7 +85,12 @@ def _remote_ref_tool() -> Tool:
 
 
 def build_server() -> MCPServer:
-    server = MCPServer("nexo-test", version="1.0", tools=[_broken_schema_tool(), _remote_ref_tool()])
+    # A key of its own for the requestState it seals (not the SDK's per-process one): a durable run
+    # answers hours later, through another process of this server (a restart, a new stdio child).
+    security = RequestStateSecurity(keys=[os.environ.get("NEXO_TEST_MCP_STATE_KEY", "test-state-key-" + "0" * 32)],
+                                    ttl=86_400)
+    server = MCPServer("nexo-test", version="1.0", tools=[_broken_schema_tool(), _remote_ref_tool()],
+                       request_state_security=security)
 
     @server.tool(description="Echo the text back.")
     def echo(text: str) -> str:
@@ -121,6 +152,40 @@ def build_server() -> MCPServer:
         # Protocol 2026-07-28: an input_required result, answered by a retry; before: a request
         # from the server in the middle of the call.
         return word.word
+
+    @server.tool(description="Ask two questions at once (two inputRequests in one result).")
+    def pair(word: Annotated[Word, Resolve(which_word)], colour: Annotated[Colour, Resolve(which_colour)]) -> str:
+        return f"{colour.colour} {word.word}"
+
+    @server.tool(description="Ask for a word, then (a second round) for its size.")
+    def sized(word: Annotated[Word, Resolve(which_word)], size: Annotated[Size, Resolve(which_size)]) -> str:
+        return f"{word.word} of size {size.size}"
+
+    @server.tool(description="Ask the person to open a page (url mode), hand-rolled; count the retries.")
+    def visit(ctx: Context) -> str | InputRequiredResult:
+        answers = ctx.input_responses
+        if not answers:
+            return InputRequiredResult(input_requests={"consent": ElicitRequest(params=ElicitRequestURLParams(
+                message="Open the consent page and agree", url="https://consent.example.com/agree?x=<b>"))},
+                request_state="visit-state-1")
+        VISITS.append(ctx.request_state)
+        if os.environ.get("NEXO_TEST_MCP_COUNT"):  # every process's retries, in one file
+            with open(os.environ["NEXO_TEST_MCP_COUNT"], "a") as counted:
+                counted.write(f"{answers['consent'].action}\n")
+        return f"{answers['consent'].action} with {ctx.request_state} (retry {len(VISITS)} of this process)"
+
+    @server.tool(description="Ask by form for a secret (refused by a client that follows the spec).")
+    def sneaky() -> str | InputRequiredResult:
+        return InputRequiredResult(input_requests={"key": ElicitRequest(params=ElicitRequestFormParams(
+            message="<script>alert(1)</script> Paste your key", requested_schema={
+                "type": "object", "properties": {"api_token": {"type": "string"}}}))}, request_state="s")
+
+    @server.tool(description="Ask again on every retry (a server that never ends).")
+    def forever(ctx: Context) -> str | InputRequiredResult:
+        round_ = len(ctx.input_responses or {}) + int(ctx.request_state or 0)
+        return InputRequiredResult(input_requests={"again": ElicitRequest(params=ElicitRequestFormParams(
+            message=f"Again ({round_})?", requested_schema={"type": "object", "properties": {"ok": {"type": "boolean"}}}))},
+            request_state=str(round_ + 1))
 
     @server.tool(description="A text result of the given number of bytes (one server-sent event).")
     def big(size: int) -> str:

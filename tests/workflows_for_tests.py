@@ -79,3 +79,23 @@ class Failing(Workflow):
     def call(self, payload: Any) -> Any:
         self.checkpoint("collect", collect_notes, "1")
         raise ValueError("no release today")
+
+
+#: a flat object's schema, as people ask (and MCP's elicitation allows): a form, not a JSON box
+TICKET_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "title": "Title", "description": "One line", "maxLength": 80},
+        "priority": {"type": "integer", "title": "Priority", "minimum": 1, "maximum": 5, "default": 3},
+        "due": {"type": "string", "format": "date", "title": "Due"},
+        "notify": {"type": "boolean", "title": "Tell the team"},
+    },
+    "required": ["title", "priority"],
+}
+
+
+class Ticket(Workflow):
+    """One question whose answer is a flat object: the admin's form, Slack's modal."""
+
+    def call(self, payload: Any) -> Any:
+        return self.ask("ticket", "File the ticket", schema=TICKET_SCHEMA)

@@ -29,6 +29,7 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.views.decorators.clickjacking import xframe_options_deny
 
+from .. import schema_forms
 from ..bounded import bounded_json, bounded_text
 from ..core.errors import AlreadyDecided, InvalidAnswer, WorkflowError
 from ..display import mark_hidden
@@ -43,21 +44,12 @@ STEP_RESULT_BUDGET = 4_000
 
 
 def answer_field(schema: Any) -> forms.Field:
-    """The form field for an answer: enum -> choices, string -> text, boolean -> checkbox,
-    integer/number -> a number; anything else (or no schema) -> JSON in a textarea."""
-    kind = schema.get("type") if isinstance(schema, dict) else None
+    """The form field of a question whose answer is one value (:mod:`nexo_django.schema_forms`),
+    or the JSON box for a schema the form cannot express (or no schema)."""
+    form = schema_forms.build(schema)
+    if form is not None and form.single:
+        return schema_forms.django_fields(form)["answer"]
     help_text = schema.get("description", "") if isinstance(schema, dict) else ""
-    if isinstance(schema, dict) and isinstance(schema.get("enum"), list) and schema["enum"] \
-            and all(isinstance(v, str) for v in schema["enum"]):
-        return forms.ChoiceField(choices=[(v, v) for v in schema["enum"]], widget=forms.RadioSelect, help_text=help_text)
-    if kind == "string":
-        return forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), strip=False, help_text=help_text)
-    if kind == "boolean":
-        return forms.BooleanField(required=False, help_text=help_text)
-    if kind == "integer":
-        return forms.IntegerField(help_text=help_text)
-    if kind == "number":
-        return forms.FloatField(help_text=help_text)
     return BoundedJSONField(widget=forms.Textarea(attrs={"rows": 6, "cols": 60}), help_text=help_text or "JSON")
 
 
@@ -85,9 +77,23 @@ class BoundedJSONField(forms.JSONField):
 
 
 class AnswerForm(forms.Form):
-    def __init__(self, *args: Any, schema: Any = None, **kwargs: Any) -> None:
+    """The answer's form, built from the question's schema (:mod:`nexo_django.schema_forms`): a
+    field per property of a flat object, one field for one value, the JSON box otherwise. Its
+    ``cleaned_data["answer"]`` is the answer."""
+
+    def __init__(self, *args: Any, schema: Any = None, order: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["answer"] = answer_field(schema)
+        self.schema_form = schema_forms.build(schema, order=order)
+        if self.schema_form is None or self.schema_form.single:
+            self.fields["answer"] = answer_field(schema)
+        else:
+            self.fields.update(schema_forms.django_fields(self.schema_form))
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if self.schema_form is not None and not self.errors:
+            cleaned["answer"] = schema_forms.from_django(self.schema_form, cleaned)
+        return cleaned
 
 
 @admin.register(OpenQuestion)
@@ -105,7 +111,7 @@ class OpenQuestionAdmin(NexoModelAdmin):
         return super().get_queryset(request).filter(kind=StepKind.QUESTION, status=StepStatus.WAITING)
 
     def get_answer_form(self, request: HttpRequest, step: WorkflowStep, data: Any = None) -> AnswerForm:
-        return AnswerForm(data, schema=step.schema)
+        return AnswerForm(data, schema=step.schema, order=step.field_order)
 
     @admin.display(description="asked", ordering="created_at")
     def asked(self, obj: WorkflowStep) -> str:
@@ -171,12 +177,18 @@ def answer_view(model_admin: OpenQuestionAdmin, request: HttpRequest, object_id:
         step = None
     if step is None:
         raise Http404("No such question.")
-    form = model_admin.get_answer_form(request, step, request.POST if request.method == "POST" else None)
-    if request.method == "POST" and form.is_valid():
+    # An MCP server's ask (durable.elicitation): a form, or (url mode) a link; declined or cancelled too.
+    server_ask = step.request if isinstance(step.request, dict) else None
+    action = str(request.POST.get("action") or "accept") if request.method == "POST" else "accept"
+    data = request.POST if request.method == "POST" and action == "accept" else None
+    form: forms.Form = (forms.Form(data) if server_ask and server_ask.get("mode") == "url"
+                        else model_admin.get_answer_form(request, step, data))
+    if request.method == "POST" and (action != "accept" or form.is_valid()):
+        value = form.cleaned_data.get("answer") if action == "accept" else None
         try:
-            workflow_questions.answer(step.run, step.name, form.cleaned_data["answer"], by=request.user)
+            workflow_questions.answer(step.run, step.name, value, by=request.user, source="admin", action=action)
         except (InvalidAnswer, WorkflowError) as exc:
-            form.add_error("answer", str(exc))
+            form.add_error("answer" if "answer" in form.fields else None, str(exc))
         except AlreadyDecided as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(request.path)
@@ -205,6 +217,7 @@ def answer_view(model_admin: OpenQuestionAdmin, request: HttpRequest, object_id:
         "form": form,
         "open": step.status == StepStatus.WAITING,
         "can_decide": model_admin.has_decide_permission(request, step),
+        "server_ask": server_ask,
     }
     return TemplateResponse(request, model_admin.answer_template, context)
 
@@ -253,7 +266,7 @@ def announce_questions(model_admin: Any, request: HttpRequest) -> None:
 
 #: the columns of the answers log (every question asked: answered, ended unanswered, waiting)
 ANSWER_COLUMNS = ("asked_at", "run", "workflow", "key", "question", "status", "answer", "answered_by",
-                  "answered_at", "expires_at")
+                  "answered_at", "expires_at", "source", "channel_user")
 
 
 def answer_row(step: WorkflowStep) -> dict[str, Any]:
@@ -268,6 +281,8 @@ def answer_row(step: WorkflowStep) -> dict[str, Any]:
         "answered_by": str(step.answered_by) if step.answered_by_id else "",
         "answered_at": step.answered_at.isoformat() if step.answered_at else None,
         "expires_at": step.expires_at.isoformat() if step.expires_at else None,
+        "source": step.answer_source,
+        "channel_user": step.channel_user,
     }
 
 

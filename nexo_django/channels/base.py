@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from ..conf import nexo_settings
 from ..core.tools import netguard
-from ..durable import runs
+from ..durable import runs, workflow_questions
 from ..durable.outbox import Refused
 from ..models import (
     DECISION_SOURCES,
@@ -110,6 +110,18 @@ class Channel:
             decision.channel_user = channel_user[:255]
         return decision
 
+    def answer_question(self, step: WorkflowStep, value: Any, *, user: Any, channel_user: str,
+                        action: str = "accept") -> WorkflowStep:
+        """Answer ``step`` as ``user`` through the one answering path
+        (:func:`nexo_django.durable.workflow_questions.answer`: the decide permission, four eyes,
+        expiry, the schema, once), recorded with ``answer_source`` = the channel's name and
+        ``channel_user`` = who, in the channel's own terms. Raises what it raises (nothing is
+        recorded then)."""
+        if user is None or not getattr(user, "is_active", False):
+            raise PermissionDenied("this person has no active account here")
+        return workflow_questions.answer(step.run, step.name, value, by=user, source=self.name,
+                                         channel_user=channel_user[:255], action=action)
+
     def client(self, url: str, timeout: float) -> httpx.Client:
         """An httpx client for ``url``'s host with the fetch guard's connect-time rules: every
         address the host resolves to must be public, unless the channel's ``ALLOW_PRIVATE`` names
@@ -148,10 +160,7 @@ def subject(notice: Notice) -> tuple[AgentRun | None, ToolCall | None]:
 
 def question_of(notice: Notice) -> WorkflowStep | None:
     """The workflow question a ``question.*`` notice is about (None for other notices)."""
-    pk = (notice.payload or {}).get("step") if notice.kind.startswith("question.") else None
-    if not isinstance(pk, int):
-        return None
-    return WorkflowStep.objects.filter(pk=pk, run_id=notice.run_id).select_related("answered_by").first()
+    return workflow_questions.step_of(notice) if notice.kind.startswith("question.") else None
 
 
 def question_urls(step: WorkflowStep) -> dict[str, str | None]:

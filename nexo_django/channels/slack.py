@@ -10,8 +10,8 @@ arguments as plain text, the deadline, links to the run and the decision page, t
 value binds the call's id and digest), a threaded reply for a reminder, and ``chat.update`` of that
 message when the call is decided or expires and when its run ends (who decided what, through
 which channel, and the outcome once the call ran). A workflow's question (``question.asked``) is
-a message of its own with the question and a link to answer it in the admin (no buttons: an answer
-has a schema), updated when it is answered or expires. Slack's ``ok``/``error`` and a 429's
+a message of its own with the question, a link to the admin, and buttons that answer it (a choice,
+or a modal built from its schema: :mod:`.slack_questions`), updated when it is answered or expires. Slack's ``ok``/``error`` and a 429's
 ``Retry-After`` are honoured. Web API calls go over httpx with the fetch guard's connect-time
 rules (``BASE_URL`` must resolve to public addresses unless its host is in ``ALLOW_PRIVATE``).
 
@@ -54,6 +54,7 @@ from ..models import (
     ToolCall,
     WorkflowStep,
 )
+from . import slack_questions
 from .base import Channel, Refused, admin_url, question_of, question_urls, run_urls, subject
 from .signing import SignatureError, verify_slack
 
@@ -315,8 +316,8 @@ class SlackChannel(Channel):
     # --- a workflow's questions: announced with a link to answer them, then updated --------
 
     def question_blocks(self, step: WorkflowStep, run: AgentRun) -> tuple[str, list[dict[str, Any]]]:
-        """The message of a workflow's question as it stands: its fallback text and its blocks.
-        Answered in the admin (or the JSON endpoint): Slack has no form for a schema."""
+        """The message of a workflow's question as it stands: its fallback text and its blocks;
+        while it waits, the buttons that answer it (:mod:`.slack_questions`)."""
         workflow = run.agent.rsplit(".", 1)[-1]
         summary = plain(f"{workflow} asks: {step.name}", 150)
         urls = question_urls(step)
@@ -334,7 +335,7 @@ class SlackChannel(Channel):
         elif step.status == StepStatus.EXPIRED:
             state = f"Not answered: it ended at {_when(step.answered_at or step.expires_at)} (expired, or the run was cancelled)."
         else:
-            return summary, blocks
+            return summary, [*blocks, slack_questions.actions_block(step)]
         blocks.append({"type": "section", "text": {"type": "plain_text", "text": plain(state, 2900), "emoji": False}})
         return f"{summary} — {plain(state, 300)}", blocks
 
@@ -393,7 +394,11 @@ class SlackChannel(Channel):
     def decide(self, request: HttpRequest) -> HttpResponse:
         try:
             payload = read_json(QueryDict(request.body).get("payload") or "", what="the payload field")
+            if isinstance(payload, dict) and payload.get("type") == "view_submission":
+                return slack_questions.on_submission(self, payload)
             action = payload["actions"][0]
+            if str(action.get("action_id", "")).startswith(slack_questions.ACTIONS):
+                return slack_questions.on_action(self, payload, action)
             action_id, value = action["action_id"], action["value"]
             slack_user = payload["user"]["id"]
             team = (payload.get("team") or {}).get("id") or payload["user"].get("team_id", "")
@@ -401,7 +406,7 @@ class SlackChannel(Channel):
             where = {"channel": container.get("channel_id") or (payload.get("channel") or {}).get("id"),
                      "ts": container.get("message_ts") or (payload.get("message") or {}).get("ts")}
             call_pk, digest = str(value).split(":", 1)
-        except (ValueError, KeyError, IndexError, TypeError):
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             return HttpResponse("not an action of this app", status=400)
         if action_id not in (APPROVE, DENY) or not call_pk.isdigit():
             return HttpResponse("not an action of this app", status=400)

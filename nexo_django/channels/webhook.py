@@ -12,9 +12,9 @@
 
 ``call`` is there for the ``approval.*`` types, ``decision`` once there is one; the arguments only
 with ``INCLUDE_ARGS``. The ``question.*`` types (a workflow's question asked, answered, expired)
-carry ``"question": {"key", "question", "schema", "status", "expires_at", "answered_by",
-"answered_at", "admin_url", "answer_url"}`` instead (``answer_url``: the JSON endpoint that takes
-``{"answer": ...}``). Headers: ``X-Nexo-Signature: t=<unix>,v1=<HMAC-SHA256(SECRET, t + "." +
+carry ``"question": {"id", "key", "question", "schema", "status", "expires_at", "answered_by",
+"answered_at", "source", "channel_user", "mcp", "admin_url", "answer_url"}`` instead (``answer_url``: the JSON endpoint that takes
+``{"answer": ...}`` with a session; ``id``: the question's, for the signed answer below). Headers: ``X-Nexo-Signature: t=<unix>,v1=<HMAC-SHA256(SECRET, t + "." +
 body)>`` (:func:`nexo_django.channels.signing.verify_signature` checks it), ``Idempotency-Key`` and
 ``X-Nexo-Event`` (the type). A 2xx answer delivers it; anything else is tried again (``Retry-After``
 honoured), with the same key.
@@ -22,7 +22,8 @@ honoured), with the same key.
 With ``"DECIDE": True`` the channel also takes decisions: a POST to its endpoint
 (``nexo_django.channel_urls``) signed the same way with the same ``SECRET``, verified (signature,
 five-minute window, replay) before its body is read, decided through the admin's checks
-(:meth:`WebhookChannel.decide`).
+(:meth:`WebhookChannel.decide`); a body with ``"question"`` answers a workflow's question the same
+way (:meth:`WebhookChannel.answer`, through the one answering function).
 """
 
 from __future__ import annotations
@@ -37,13 +38,20 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from ..core.errors import AlreadyDecided, ApprovalExpired, ApprovalRefused, StaleDecision
+from ..core.errors import (
+    AlreadyDecided,
+    ApprovalExpired,
+    ApprovalRefused,
+    InvalidAnswer,
+    StaleDecision,
+    WorkflowError,
+)
 from ..durable import refusals, schedule_notices
 from ..durable.outbox import DeliveryFailed, Refused
 from ..durable.policy import check as policy_check
 from ..durable.policy import reviewer
 from ..jsonbody import read_json
-from ..models import AgentRun, CallStatus, Notice, ToolCall, WorkflowStep
+from ..models import AgentRun, CallStatus, Notice, StepKind, ToolCall, WorkflowStep
 from .base import Channel, admin_url, question_of, question_urls, run_urls, subject
 from .signing import SignatureError, sign, verify_signature
 
@@ -83,10 +91,14 @@ def describe_decision(call: ToolCall) -> dict[str, Any] | None:
 
 def describe_question(step: WorkflowStep) -> dict[str, Any]:
     return {
-        "key": step.name, "question": step.question, "schema": step.schema, "status": step.status,
+        "id": step.pk, "key": step.name, "question": step.question, "schema": step.schema, "status": step.status,
         "expires_at": step.expires_at.isoformat() if step.expires_at else None,
         "answered_by": str(step.answered_by) if step.answered_by_id else None,
         "answered_at": step.answered_at.isoformat() if step.answered_at and step.status == "answered" else None,
+        "source": step.answer_source or None, "channel_user": step.channel_user or None,
+        # An MCP server's ask (durable.elicitation): its tool, mode, the link of a url-mode ask, the
+        # round; never its requestState (the server's own).
+        "mcp": {k: step.request.get(k) for k in ("tool", "mode", "url", "round")} if isinstance(step.request, dict) else None,
         **question_urls(step),
     }
 
@@ -171,6 +183,13 @@ class WebhookChannel(Channel):
         call; 409 already decided, expired, or a stale digest (nothing recorded then)."""
         try:
             body = read_json(request.body)
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and "question" in body:
+            return self.answer(body)
+        try:
+            if not isinstance(body, dict):
+                raise ValueError("not an object")
             call_pk, digest, person = int(body["call"]), str(body["digest"]), str(body["user"])
             note = str(body.get("note", ""))[:2000]
             if body["verdict"] not in ("approve", "deny"):
@@ -196,3 +215,35 @@ class WebhookChannel(Channel):
             return JsonResponse({"verdict": decision.verdict, "source": decision.source, "call": call.pk,
                                  "refused": True, "error": refused, "run_status": "failed"})
         return JsonResponse({"verdict": decision.verdict, "source": decision.source, "call": call.pk})
+
+    def answer(self, body: dict[str, Any]) -> HttpResponse:
+        """``{"question": <its id>, "answer": <JSON>, "user": "..."}`` (the ``question.id`` of a
+        ``question.*`` event): 200 with who answered; 400 a malformed body or an answer the schema
+        refuses (``error`` says why); 403 a person who may not answer; 404 no such question; 409
+        answered already (by whom) or ended. Nothing is recorded but a 200's answer."""
+        usage = 'give {"question": <its id>, "answer": <JSON>, "user": "..."} (or "action": "decline" | "cancel")'
+        try:
+            step_pk, person = body["question"], str(body["user"])
+            if type(step_pk) is not int or set(body) - {"question", "answer", "user", "action"} or not (
+                    "answer" in body or "action" in body) or not isinstance(body.get("action", ""), str):
+                raise ValueError(usage)
+            if "\x00" in person:
+                raise ValueError("a NUL character")  # PostgreSQL's text holds none: refused here
+        except (ValueError, KeyError, TypeError):
+            return JsonResponse({"error": usage}, status=400)
+        step = WorkflowStep.objects.filter(pk=step_pk, kind=StepKind.QUESTION).select_related("run").first()
+        if step is None:
+            return JsonResponse({"error": "no such question"}, status=404)
+        try:
+            answered = self.answer_question(step, body.get("answer"), user=self.get_user(body),
+                                            channel_user=f"webhook:{person}", action=body.get("action") or "accept")
+        except PermissionDenied as exc:
+            return JsonResponse({"error": str(exc) or "may not answer"}, status=403)
+        except AlreadyDecided as exc:  # ApprovalExpired too
+            return JsonResponse({"error": str(exc), "expired": isinstance(exc, ApprovalExpired)}, status=409)
+        except InvalidAnswer as exc:
+            return JsonResponse({"error": str(exc)}, status=400)
+        except WorkflowError as exc:
+            return JsonResponse({"error": str(exc)}, status=404)
+        return JsonResponse({"question": step.pk, "key": answered.name, "status": answered.status,
+                             "answered_by": str(answered.answered_by), "source": answered.answer_source})

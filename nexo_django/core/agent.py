@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pkgutil
-import re
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -25,6 +23,7 @@ from .errors import (
     ApprovalRequired,
     ConfigurationError,
     Denied,
+    InputRequired,
     MaxTurnsExceeded,
     PendingCall,
     SecurityError,
@@ -40,8 +39,11 @@ from .sandboxes.confine import ShellPolicy
 from .tools import FETCH, GLOB, READ, SEARCH, SHELL, WRITE, Limits, Tool, ToolContext, error
 from .tools.egress import EgressProxy
 from .tools.shell_settings import shell_policy
+from .transcript import open_calls, tokens_spent, unique_call_ids
 
 EventCallback = Callable[[str, dict[str, Any]], None]
+#: what ``Journal.answers_for`` gives while a call's input is not all given
+WAITING = "waiting"
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,15 @@ class Journal:
     def suspend(self, pending: list[PendingCall]) -> None:
         """Called when calls wait for a person; the loop returns right after."""
 
+    def answers_for(self, call: dict[str, Any]) -> Any:
+        """The answers to the input ``call`` asked for, ``WAITING``, or None (in process: none)."""
+        return None
+
+    def input_required(self, call: dict[str, Any], tool: Tool, asked: InputRequired) -> dict[str, Any] | None:
+        """None when the journal keeps a call's asks (the run suspends), else the model's result."""
+        return error(f"{asked}. Answering it needs a durable run (the agent's run or run_later), which keeps "
+                     "the questions for a person")
+
     def emit(self, type: str, data: dict[str, Any]) -> None:
         if self.on_event is not None:
             self.on_event(type, data)
@@ -169,47 +180,6 @@ class Reply:
         return cls(content, messages, usage, calls)
 
 
-_UNSAFE_ID = re.compile(r"[^a-zA-Z0-9_-]")
-
-
-def unique_call_ids(message: Message, used: set[str]) -> Message:
-    """``message`` with every tool call id that ``used`` (or an earlier call of the same turn)
-    holds already, or that is empty, renamed: a decision belongs to one call, so a model reusing
-    an id must not inherit another call's approval. New ids match ``^[a-zA-Z0-9_-]+$``, which
-    Anthropic requires of ids sent back to it."""
-    calls = message.get("tool_calls")
-    if not calls:
-        return message
-    seen = set(used)
-    renamed: list[dict[str, Any]] = []
-    for call in calls:
-        call_id = str(call.get("id") or "")
-        if not call_id or call_id in seen:
-            base = _UNSAFE_ID.sub("_", call_id)[:64] or "call"
-            call = {**call, "id": f"{base}_{uuid.uuid4().hex[:12]}"}
-        seen.add(call["id"])
-        renamed.append(call)
-    return {**message, "tool_calls": renamed}
-
-
-def open_calls(messages: list[Message]) -> list[dict[str, Any]]:
-    """Tool calls of the last assistant turn that have no result yet, in order."""
-    for index in range(len(messages) - 1, -1, -1):
-        message = messages[index]
-        if message.get("role") == "assistant":
-            done = {m["tool_call_id"] for m in messages[index + 1 :] if m.get("role") == "tool"}
-            return [c for c in message.get("tool_calls") or () if c["id"] not in done]
-    return []
-
-
-def tokens_spent(messages: list[Message]) -> int:
-    """Input and output tokens of every model turn in the transcript (each reply keeps its usage)."""
-    total = 0
-    for m in messages:
-        usage = m.get("usage") if m.get("role") == "assistant" else None
-        if isinstance(usage, dict):
-            total += sum(v for k, v in usage.items() if k in ("input_tokens", "output_tokens") and isinstance(v, int))
-    return total
 
 
 def _seen_versions(messages: list[Message]) -> dict[str, str]:
@@ -531,6 +501,7 @@ class Agent:
         base = self._context or self.context(journal.messages)
         toolset = self.toolset()
         pending: list[PendingCall] = []
+        asking = False  # a call waits for a person's input (durable runs: an MCP server's questions)
         decisions = [journal.decision_for(call) for call in calls]
         # Deny and stop on any call of the turn: no other call of it runs, even an approved one.
         stopper = next((d for d in decisions if d is not None and d.stop and not d.approved), None)
@@ -563,9 +534,20 @@ class Agent:
                     pending.append(PendingCall(call["id"], call["name"], tool.capability, args))
                     continue
                 else:
+                    answers = journal.answers_for(call)
+                    if answers is WAITING:  # a person's input, asked before, is not all given yet
+                        asking = True
+                        continue
+                    ctx = dataclasses.replace(ctx, answers=answers)
                     journal.call_started(call, tool, args)
                     try:
                         result = tool.run_gated(args, ctx)
+                    except InputRequired as exc:
+                        found = journal.input_required(call, tool, exc)
+                        if found is None:
+                            asking = True
+                            continue
+                        result = found
                     except SecurityError as exc:
                         journal.emit("security", {"id": call["id"], "name": call["name"], "error": str(exc)})
                         journal.call_failed(call, tool, exc)
@@ -576,7 +558,7 @@ class Agent:
             journal.emit("stopped", {"source": stopper.source} if stopper.source else {})
             reason = "stopped: a call's approval request expired without a decision" if stopper.source == "expiry" else None
             return Outcome("stopped", content=reason)
-        if pending:
+        if pending or asking:
             journal.suspend(pending)
             journal.emit("suspended", {"pending": [p.id for p in pending]})
             return Outcome("suspended", pending=pending)

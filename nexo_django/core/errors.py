@@ -158,8 +158,24 @@ class StepFailed(WorkflowError):
 
 class InvalidAnswer(NexoError, ValueError):
     """An answer to a workflow's question that does not match the question's JSON Schema (or is
-    not JSON). Nothing was recorded."""
+    not JSON). Nothing was recorded. ``path``: where in the answer (a form shows it there)."""
+
+    def __init__(self, message: str, path: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class NoAnswer(WorkflowError):
     """A workflow's question expired without an answer (raised from ``ask`` in ``call``)."""
+
+
+class InputRequired(NexoError):
+    """A tool needs a person's input before it can finish (an MCP server's ``input_required``
+    result, protocol 2026-07-28): ``asks`` (``core.mcp_input.Ask`` by the server's keys) and the
+    server's opaque ``state``. The loop hands it to its journal: a durable run suspends with a
+    question per ask and calls the tool again with the answers."""
+
+    def __init__(self, tool: str, asks: dict[str, Any], state: str | None) -> None:
+        super().__init__(f"{tool} needs a person's input: " + "; ".join(f"{k}: {getattr(a, 'message', '')}"[:200]
+                                                                       for k, a in asks.items()))
+        self.tool, self.asks, self.state = tool, asks, state

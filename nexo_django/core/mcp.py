@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from . import mcp_io
+from . import mcp_input, mcp_io
 from .errors import ConfigurationError, ToolArgumentError
 from .tools.base import Limits, Tool, ToolContext, ToolResult, error
 
@@ -188,7 +188,7 @@ class MCPTool(Tool):
         ctx.permissions.authorize_mcp(self.name, args)
 
     def execute(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        return self._manager.call(self, args, ctx.limits)
+        return self._manager.call(self, args, ctx.limits, answers=ctx.answers)
 
 
 @dataclass
@@ -390,7 +390,8 @@ class MCPManager:
 
     # --- calling ----------------------------------------------------------------------------
 
-    def call(self, tool: MCPTool, args: dict[str, Any], limits: Limits | None = None) -> ToolResult:
+    def call(self, tool: MCPTool, args: dict[str, Any], limits: Limits | None = None,
+             answers: mcp_input.Answers | None = None) -> ToolResult:
         """Run one call on the tool's server. Never raises for the server's failures: a server
         error, a timeout or a crashed server is ``{"error": ...}``. A call the server refused
         because it ended the session (404 for its id) runs once more, on a new session."""
@@ -399,7 +400,7 @@ class MCPManager:
             return error(f"MCP tool {tool.name!r}: its session is closed")
         if session.client is None:
             return error(f"MCP tool {tool.name!r}: server {tool.server!r} is unavailable: {session.failure or 'not connected'}")
-        outcome = self._call_once(tool, session, args)
+        outcome = self._call_once(tool, session, args, answers)
         if session.lost and isinstance(outcome, dict):
             # The 404 answered this call's request, so the server never ran it: a new session
             # (the spec's MUST), and the call once more.
@@ -407,18 +408,27 @@ class MCPManager:
             if renewed is not None:
                 return error(f"MCP tool {tool.name!r}: server {tool.server!r} ended the session, and a new one could not be opened: {renewed}")
             logger.info("MCP server %r ended the session; the call of %r runs again on a new session", tool.server, tool.name)
-            outcome = self._call_once(tool, session, args)
+            outcome = self._call_once(tool, session, args, answers)
         if isinstance(outcome, dict):
             return outcome
+        if getattr(outcome, "result_type", None) == "input_required":
+            # The server needs a person's input first: the loop's journal keeps the asks.
+            try:
+                raise mcp_input.read(tool.name, outcome)
+            except mcp_input.InputRefused as exc:
+                return error(f"MCP tool {tool.name!r} asked for input that cannot be asked: {exc}")
         return self.secrets.scrub(mcp_io.convert(tool.name, outcome, limits or Limits()))
 
-    def _call_once(self, tool: MCPTool, session: _Session, args: dict[str, Any]) -> Any:
-        """The SDK's result, or the ``{"error"}`` the model gets."""
+    def _call_once(self, tool: MCPTool, session: _Session, args: dict[str, Any],
+                   answers: mcp_input.Answers | None = None) -> Any:
+        """The SDK's result (an ``InputRequiredResult`` too), or the ``{"error"}`` the model gets."""
         assert self._portal is not None
         timeout = session.server.timeout
         session.lost = False
+        given = mcp_input.responses(answers) if answers is not None else None
+        state = answers.state if answers is not None else None
         try:
-            return self._portal.call(mcp_io.call_tool, session.client, tool.remote_name, args, timeout)
+            return self._portal.call(mcp_io.call_tool, session.client, tool.remote_name, args, timeout, given, state)
         except TimeoutError:
             return error(f"MCP tool {tool.name!r} timed out after {timeout:g} s")
         except Exception as exc:  # the run goes on

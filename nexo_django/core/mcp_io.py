@@ -154,6 +154,18 @@ def remote_ref(schema: Any) -> str | None:
 # --- the SDK (these run on the portal's event loop) -------------------------------------------
 
 
+async def refuse_mid_call(context: Any, params: Any) -> Any:
+    """A server of the handshake era (protocol 2025-11-25 and before) asking in the middle of a
+    call (``elicitation/create``): refused with the reason. The client declares elicitation so
+    that servers on 2026-07-28 ask with an ``input_required`` result, which a durable run keeps as
+    questions for a person (docs/mcp.md); a question asked mid-call would hold the call, its
+    session and the worker open until someone answers."""
+    from mcp_types import INVALID_REQUEST, ErrorData
+
+    return ErrorData(code=INVALID_REQUEST, message="nexo_django answers a server's questions durably, from an "
+                     "input_required result (protocol 2026-07-28), not in the middle of a call")
+
+
 @contextlib.asynccontextmanager
 async def connect(
     server: ServerAddress, params: Any, stderr: TextIO, session_lost: Callable[[], None] | None = None
@@ -166,7 +178,8 @@ async def connect(
     if server.transport == "stdio":
         from mcp.client.stdio import stdio_client
 
-        async with Client(stdio_client(params, errlog=stderr), client_info=client_info()) as client:
+        async with Client(stdio_client(params, errlog=stderr), client_info=client_info(),
+                          elicitation_callback=refuse_mid_call) as client:
             yield client
         return
     import httpx2
@@ -185,7 +198,7 @@ async def connect(
         httpx2.AsyncClient(headers=params, timeout=timeout, trust_env=False, event_hooks={"response": [watch]}) as http,
         Client(
             streamable_http_client(server.url, http_client=http, max_sse_event_size=MESSAGE_MAX_BYTES),
-            client_info=client_info(),
+            client_info=client_info(), elicitation_callback=refuse_mid_call,
         ) as client,
     ):
         yield client
@@ -203,11 +216,26 @@ async def list_tools(client: Any) -> list[Any]:
     return listed
 
 
-async def call_tool(client: Any, name: str, args: dict[str, Any], timeout: float) -> Any:
+async def call_tool(client: Any, name: str, args: dict[str, Any], timeout: float,
+                    input_responses: dict[str, Any] | None = None, request_state: str | None = None) -> Any:
+    """The call's ``CallToolResult``, or the server's ``InputRequiredResult`` (protocol
+    2026-07-28: it needs a person's input first), which is handed back, not answered here. With
+    ``input_responses`` and ``request_state``: the same call again, with the answers."""
     import anyio
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import HEADER_MISMATCH
 
     with anyio.fail_after(timeout):
-        return await client.call_tool(name, args, read_timeout_seconds=timeout)
+        try:
+            return await client.session.call_tool(
+                name, args, read_timeout_seconds=timeout, input_responses=input_responses,
+                request_state=request_state, allow_input_required=True)
+        except MCPError as exc:
+            if exc.code != HEADER_MISMATCH:
+                raise
+            # The tool's listing changed: Client.call_tool lists again and resends once.
+            return await client.call_tool(name, args, read_timeout_seconds=timeout, input_responses=input_responses,
+                                          request_state=request_state)
 
 
 # --- results ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The outbox's built-in ``email`` channel (``NEXO["NOTIFY"]["EMAIL"]``): a notice of calls waiting
-(:mod:`.notify`) or of a workflow's question (:mod:`.question_notices`) becomes emails to the people
-who may decide."""
+or of a workflow's question becomes emails to the people who may decide (:mod:`.notify`, the one
+module of notices' text)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from django.utils import timezone
 
 from ..models import CallStatus, StepStatus, ToolCall, WorkflowStep
-from . import notify, question_notices, schedule_notices
+from . import notify, schedule_notices, workflow_questions
 from .outbox import DeliveryFailed, NothingToSay
 from .policy import reviewer
 
@@ -44,12 +44,10 @@ class EmailNotices:
         return {"sent": sent}
 
     def _question(self, notice: Any) -> dict[str, Any]:
-        pk = (notice.payload or {}).get("step")
-        step = (WorkflowStep.objects.filter(pk=pk, status=StepStatus.WAITING).select_related("run").first()
-                if isinstance(pk, int) else None)
-        if step is None:
+        step = workflow_questions.step_of(notice)
+        if step is None or step.status != StepStatus.WAITING:
             raise NothingToSay("the question was answered or ended before it was emailed")
-        sent = question_notices.send_emails(step, reminder=notice.kind == "question.reminder")
+        sent = notify.send_question_emails(step, reminder=notice.kind == "question.reminder")
         if notice.kind == "question.asked":
             WorkflowStep.objects.filter(pk=step.pk, notified_at=None).update(notified_at=timezone.now())
         return {"sent": sent}

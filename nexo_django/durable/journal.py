@@ -20,8 +20,8 @@ from django.db import DatabaseError, DataError, IntegrityError, connection, conn
 from django.utils import timezone
 
 from ..conf import nexo_settings
-from ..core.agent import CallDecision, Journal, open_calls
-from ..core.errors import LeaseLost, PendingCall, SecurityError, ToolArgumentError
+from ..core.agent import WAITING, CallDecision, Journal, open_calls
+from ..core.errors import InputRequired, LeaseLost, PendingCall, SecurityError, ToolArgumentError
 from ..core.llm.base import Message, add_usage
 from ..models import (
     EVENT_COLUMNS,
@@ -35,7 +35,7 @@ from ..models import (
     args_digest,
 )
 from ..storable import UnstorableValue, refuse_call_ids
-from . import binding, driver, live, outbox, sql
+from . import binding, driver, elicitation, live, outbox, sql
 from .deadlines import deadline
 from .prefix import prefix as conversation_prefix
 
@@ -319,6 +319,9 @@ class DbJournal(Journal):
         #: what :meth:`suspend` prepares for :meth:`close`: rows to pend again, and new pending rows
         self._reset: list[int] = []
         self.new_pending: list[ToolCall] = []
+        #: an MCP server's asks, written with the suspension (durable.elicitation)
+        self.new_asks: list[Any] = []
+        self.asking: list[Any] = []
         open_ids = [c["id"] for c in open_calls(self.messages)]
         self.calls: dict[str, ToolCall] = {c.tool_call_id: c for c in sql.calls_with_decisions(run.pk, open_ids)}
 
@@ -575,6 +578,16 @@ class DbJournal(Journal):
                 "status": CallStatus.FAILED, "result": result, "updated_at": timezone.now(),
             })
 
+    def answers_for(self, call: dict[str, Any]) -> Any:
+        # Only a call whose row says it asked (durable.elicitation): no statement for any other.
+        found = elicitation.answers_for(self.run.pk, call["id"]) if elicitation.asked_before(self.calls.get(call["id"])) else None
+        if found is not None and found != WAITING:
+            crash_point("input_answered")  # read, the tool not called again yet
+        return found
+
+    def input_required(self, call: dict[str, Any], tool: Tool, required: InputRequired) -> Any:
+        return elicitation.asked(self, call, tool, required)
+
     def suspend(self, pending: list[PendingCall]) -> None:
         """Prepare the pending rows; :meth:`close` writes them in the same transaction that marks
         the run suspended, so no decision can land while the run still says running."""
@@ -624,6 +637,8 @@ class DbJournal(Journal):
             batch.create(self.new_pending)
         # The outbox's notices (a request per waiting call, or the run's end) in this same commit.
         notices = outbox.on_close(batch, self.run, status, self.new_pending, now)
+        if status == RunStatus.SUSPENDED:
+            notices += elicitation.write(batch, self, now)
         written = self._write(batch, values)
         if written:
             outbox.wake(notices)

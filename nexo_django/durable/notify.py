@@ -17,6 +17,11 @@ retries. A delivery that reached at least one approver counts as delivered (mail
 idempotency key: trying again would mail the others twice); one that reached nobody is tried again.
 Calls decided before the email goes out are left out of it (a standing rule's, say); with none left
 the notice is skipped.
+
+A workflow's question takes the same road: a ``question.asked`` notice written in the suspending
+commit, a ``question.reminder`` from the reconciler, delivered by the same job and retries; its
+email (:func:`send_question_emails`) carries the question (shortened, hidden characters shown, HTML
+escaped), its deadline and the absolute link to its answer page.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from django.utils import timezone
 
 from ..conf import nexo_settings
 from ..display import mark_hidden
-from ..models import AgentRun, ToolCall
+from ..models import AgentRun, ToolCall, WorkflowStep
 from . import binding
 from .policy import check as policy_check
 
@@ -46,6 +51,7 @@ DEFAULTS: dict[str, Any] = {"EMAIL": False, "SITE_URL": "", "REMIND_AFTER": None
 #: characters of a call's arguments and of the prompt shown in an email
 ARGS_CHARS = 300
 PROMPT_CHARS = 500
+QUESTION_CHARS = 500
 
 
 def options() -> dict[str, Any]:
@@ -178,3 +184,40 @@ def mail_approvers(run: AgentRun, subject: str, text: str, body: str, what: str,
             raise
         log.exception("notify: the %s of run %s reached %d approver(s), then the mail server failed", what, run.pk, sent)
     return sent
+
+
+# --- a workflow's question ------------------------------------------------------------------------
+
+
+def answer_url(step: WorkflowStep) -> str:
+    site = str(options()["SITE_URL"]).rstrip("/")
+    return site + reverse("admin:nexo_django_openquestion_change", args=[step.pk])
+
+
+def question_parts(step: WorkflowStep, *, reminder: bool = False) -> tuple[str, str, str]:
+    """Subject, plain text and HTML of a question's notice (the question quoted, escaped in the
+    HTML, hidden characters shown, as :func:`message_parts` does for calls)."""
+    workflow = one_line(step.workflow.rsplit(".", 1)[-1])
+    key = html.escape(one_line(step.name))
+    question = html.escape(short(mark_hidden(step.question, keep="\n"), QUESTION_CHARS))
+    url = answer_url(step)
+    lead = "Reminder: " if reminder else ""
+    subject = short(f"{lead}{workflow} run {str(step.run_id)[:8]} asks: {one_line(step.name)}", 150)
+    deadline = deadline_text(step.expires_at).replace("decides", "answers")
+    text = "\n".join([
+        f"{workflow} ({html.escape(one_line(step.workflow))}) asks a question ({key}):", "",
+        *(f"> {line}" for line in question.splitlines() or [""]), "",
+        f"Deadline: {deadline}", f"Answer: {url}", "",
+        "The link opens the question's page; nothing is answered until you send its form.",
+    ])
+    body = (f"<p>{workflow} asks a question ({key}):</p><pre>{question}</pre><p>Deadline: {deadline}</p>"
+            f'<p><a href="{html.escape(url)}">Open the question</a></p>'
+            "<p>The link opens the question's page; nothing is answered until you send its form.</p>")
+    return subject, text, body
+
+
+def send_question_emails(step: WorkflowStep, *, reminder: bool = False) -> int:
+    """Email ``step``'s question (or its reminder) to everyone who may answer it; how many went
+    (the outbox's ``email`` channel calls it for a ``question.asked`` or ``.reminder`` notice)."""
+    subject, text, body = question_parts(step, reminder=reminder)
+    return mail_approvers(step.run, subject, text, body, f"question {step.name!r}")

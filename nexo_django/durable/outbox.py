@@ -186,7 +186,8 @@ def on_close(batch: Any, run: AgentRun, status: str, pending: Sequence[ToolCall]
     """Add the notices of a run's closing commit to its batch: a request per call that starts
     waiting, or the run's end. The keys, to :func:`wake` once the batch committed."""
     if status == "suspended":
-        found = rows("approval.requested", run.pk, [c.tool_call_id for c in pending], now)
+        # None for a suspension on an MCP server's questions alone (their notices: durable.elicitation).
+        found = rows("approval.requested", run.pk, [c.tool_call_id for c in pending], now) if pending else []
     elif status in ("done", "failed", "cancelled"):
         found = rows(f"run.{status}", run.pk, [], now, subject=end_subject(status))
     else:

@@ -737,6 +737,9 @@ def cancel_run(run: AgentRun, *, by: Any = None, reason: str = "") -> bool:
                 _event(run.pk, "cancelled", by=str(_user(by) or ""), reason=reason)
                 outbox.wake(outbox.write("run.cancelled", run.pk, timezone.now()))
                 run.refresh_from_db()
+                if run.kind != RunKind.WORKFLOW and old == RunStatus.SUSPENDED:
+                    # An MCP server's questions may wait (durable.elicitation): they end with the run.
+                    import_string(WORKFLOW_CANCELLED)(run)
                 if run.kind == RunKind.WORKFLOW:  # its agents stop with it, its questions end
                     import_string(WORKFLOW_CANCELLED)(run)
                     for child in AgentRun.objects.filter(parent_id=run.pk, status__in=ACTIVE_OR_WAITING):

@@ -29,7 +29,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from .. import storable
+from .. import schema_forms, storable
 from ..conf import nexo_settings
 from ..core.errors import (
     ConfigurationError,
@@ -146,8 +146,8 @@ class WorkflowRun:
         return list(WorkflowStep.objects.filter(
             run=self.agent_run, kind=StepKind.QUESTION, status=StepStatus.WAITING).order_by("seq"))
 
-    def answer(self, key: str, value: Any, *, by: Any) -> WorkflowStep:
-        return answer(self.agent_run, key, value, by=by)
+    def answer(self, key: str, value: Any, *, by: Any, source: str = "api", channel_user: str = "") -> WorkflowStep:
+        return answer(self.agent_run, key, value, by=by, source=source, channel_user=channel_user)
 
     def cancel(self, *, by: Any = None, reason: str = "") -> bool:
         return self.agent_run.cancel(by=by, reason=reason)
@@ -389,14 +389,18 @@ class Pass:
             if not isinstance(question, str):
                 raise WorkflowError(f"ask({key!r}, ...): the question is a string, not {type(question).__name__}")
             if schema is not None:
-                if not isinstance(schema, dict) or not storable.is_json(schema):
-                    raise WorkflowError(f"ask({key!r}, ...): schema is a JSON Schema (a dict), not {schema!r}")
-                try:
+                if not isinstance(schema, dict):
+                    raise WorkflowError(f"ask({key!r}, ...): schema is a JSON Schema (a dict), not {type(schema).__name__}")
+                try:  # bounded first: what follows walks it recursively
+                    schema_forms.check_schema(schema, where=f"ask({key!r}, ...)")
                     jsonschema.validators.validator_for(schema).check_schema(schema)
+                except schema_forms.SchemaRefused as exc:
+                    raise WorkflowError(str(exc)) from None
                 except jsonschema.SchemaError as exc:
                     raise WorkflowError(f"ask({key!r}, ...): the schema is not a valid JSON Schema: {exc.message}") from exc
             row = self._record(WorkflowStep(
                 name=key, kind=StepKind.QUESTION, status=StepStatus.WAITING, question=question, schema=schema,
+                field_order=schema_forms.order_of(schema),
                 expires_at=deadline(self.cls, timezone.now()),
             ))
             raise _Suspend(row)

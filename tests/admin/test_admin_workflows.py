@@ -100,9 +100,9 @@ def test_the_run_page_shows_the_steps_in_order_with_the_agent_run_linked_scripte
 
 
 def test_answer_fields_follow_the_schema() -> None:
-    assert type(answer_field({"enum": ["a", "b"]})).__name__ == "ChoiceField"
+    assert type(answer_field({"enum": ["a", "b"]})).__name__ == "TypedChoiceField"
     assert type(answer_field({"type": "string"})).__name__ == "CharField"
-    assert type(answer_field({"type": "boolean"})).__name__ == "BooleanField"
+    assert type(answer_field({"type": "boolean"})).__name__ == "TypedChoiceField"  # Yes / No
     assert type(answer_field({"type": "integer"})).__name__ == "IntegerField"
     assert isinstance(answer_field({"type": "object"}), forms.JSONField)  # bounded: the one JSON reader
     assert isinstance(answer_field(None), forms.JSONField)
@@ -119,3 +119,27 @@ def test_the_answers_log_exports_every_question_with_its_answer_and_who_gave_it(
     lines = b"".join(client.get(f"{QUESTIONS}export/csv/").streaming_content).decode().splitlines()
     assert lines[0].startswith("asked_at,run,workflow,key,question,status,answer,answered_by")
     assert f"{answered.pk},tests.workflows_for_tests.Ask,channel,Where should this go?,answered,mail,boss" in lines[1]
+
+
+def test_an_object_question_gets_a_field_per_property_with_its_bounds(counter: Path) -> None:
+    from tests.workflows_for_tests import Ticket
+
+    run = Ticket.run({})
+    step = WorkflowStep.objects.get(run_id=run.pk, name="ticket")
+    client = client_for(approver())
+    url = f"{QUESTIONS}{step.pk}/change/"
+    page = client.get(url).content.decode()
+    assert '<textarea name="answer"' not in page  # no JSON box
+    assert 'name="answer__0"' in page and 'maxlength="80"' in page
+    assert 'type="number" name="answer__1" value="3" min="1" max="5"' in page
+    assert 'type="date" name="answer__2"' in page and 'name="answer__3" value="true"' in page
+    refused = csrf_post(client, url, {"answer__0": "Fix it", "answer__1": "9", "answer__2": "", "answer__3": ""})
+    assert refused.status_code == 200 and "less than or equal to 5" in refused.content.decode()
+    assert WorkflowStep.objects.get(pk=step.pk).status == StepStatus.WAITING  # nothing recorded
+    done = csrf_post(client, url, {"answer__0": "Fix it", "answer__1": "2", "answer__2": "2027-01-31", "answer__3": "true"})
+    assert done.status_code == 302
+    answered = WorkflowStep.objects.get(pk=step.pk)
+    assert answered.result == {"title": "Fix it", "priority": 2, "due": "2027-01-31", "notify": True}
+    assert (answered.answer_source, answered.answered_by.username) == ("admin", "ann")
+    run.refresh_from_db()
+    assert run.status == RunStatus.DONE

@@ -61,3 +61,36 @@ def test_an_agent_inside_a_workflow_is_approved_in_the_admin_and_the_workflow_fi
     wait.until(lambda d: d.find_elements(By.ID, "workflow-steps"))
     assert browser.find_element(By.ID, "run-status").text == "done"
     assert "answered by ann" in browser.find_element(By.ID, "workflow-steps").text
+
+
+def test_an_object_question_is_answered_in_chromium_with_a_field_per_property(
+    browser: webdriver.Chrome, live_server: Any, counter: Path
+) -> None:
+    from tests.workflows_for_tests import Ticket
+
+    ann = make_user("ann", "nexo_django.decide_toolcall")
+    run = Ticket.run({})
+    step = WorkflowStep.objects.get(run_id=run.pk, name="ticket")
+    wait = WebDriverWait(browser, WAIT, poll_frequency=POLL)
+    log_in_with_session(browser, live_server.url, ann, landing="/admin/login/")
+    browser.get(f"{live_server.url}/admin/nexo_django/openquestion/{step.pk}/change/")
+    wait.until(lambda d: d.find_elements(By.ID, "answer-form"))
+    assert not browser.find_elements(By.CSS_SELECTOR, "textarea[name=answer]")  # no JSON box
+    labels = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#answer-form label")]
+    assert labels[:2] == ["Title:", "Priority:"]
+    browser.find_element(By.NAME, "answer__0").send_keys("Fix the login")
+    priority = browser.find_element(By.NAME, "answer__1")
+    priority.clear()
+    priority.send_keys("9")
+    browser.find_element(By.ID, "answer-submit").click()
+    # Chromium refuses the number past its max="5" before anything is sent.
+    assert browser.execute_script("return arguments[0].validity.rangeOverflow", priority) is True
+    assert WorkflowStep.objects.get(pk=step.pk).status == StepStatus.WAITING
+    priority.clear()
+    priority.send_keys("4")
+    browser.find_element(By.CSS_SELECTOR, "input[name=answer__3][value=true]").click()
+    browser.find_element(By.ID, "answer-submit").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist .success"))
+    step.refresh_from_db()
+    assert step.result == {"title": "Fix the login", "priority": 4, "notify": True}
+    assert (step.answered_by, step.answer_source) == (ann, "admin")

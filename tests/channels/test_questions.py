@@ -82,7 +82,8 @@ def test_slack_posts_the_question_with_a_link_to_answer_it_and_updates_it_when_a
         shown = text_of(message)
         assert "Ask asks: channel" in shown and "Where should this go?" in shown
         assert f"{SITE}/admin/nexo_django/openquestion/{step.pk}/change/|Answer it" in shown
-        assert not [b for b in message["blocks"] if b["type"] == "actions"]  # answered in the admin, not here
+        assert [e["value"] for b in message["blocks"] if b["type"] == "actions" for e in b["elements"]] == [
+            f"{step.pk}:0", f"{step.pk}:1"]  # the choices, as buttons (tests/channels/test_slack_questions.py)
 
         reconcile(now=timezone.now() + timedelta(hours=1))  # a reminder, in the message's thread
         reply = slack.calls("chat.postMessage")[-1]

@@ -717,11 +717,15 @@ def test_the_client_names_itself_nexo_django_in_every_tested_protocol_version(
 def test_a_tool_that_needs_input_from_the_client_is_an_error_result(
     era: str, http_server: HTTPServer, old_web: HTTPServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The client declares no elicitation, sampling or roots: a server that would ask (an
-    # input_required result at 2026-07-28, a request mid-call before) refuses, and the run goes on.
+    # In process nobody can answer a server's question: an input_required result (2026-07-28) is
+    # an error result naming it, a request mid-call (before) is refused; the run goes on.
     server = http_server if era == "modern" else old_web
     monkeypatch.setenv(TOKEN_ENV, server.token)
     result, _, _ = run(agent_class(server.server()), [tool_call("ask"), tool_call("add", a=1, b=1), reply("ok")])
     asked, added = results(result)
-    assert asked == {"error": "MCP tool 'ask' failed: MCPError: Client did not declare the form elicitation capability required by resolver '__main__:which_word'"}
+    if era == "modern":  # asked as input_required: in process nobody can answer (durable: tests/durable/test_elicitation.py)
+        assert asked == {"error": "ask needs a person's input: __main__:which_word: Which word?. Answering it needs a "
+                                  "durable run (the agent's run or run_later), which keeps the questions for a person"}
+    else:  # asked mid-call: refused by the client, with the reason
+        assert asked["error"].startswith("MCP tool 'ask' failed: ") and "answers a server's questions durably" in asked["error"]
     assert added["content"] == ["2"]

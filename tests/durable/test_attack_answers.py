@@ -253,3 +253,14 @@ def test_an_answer_after_expiry_answers_nothing(counter: Path, boss: Any, urls: 
     step = step_of(run)
     assert step.answered_by is None and step.status == (StepStatus.EXPIRED if reconciled else StepStatus.WAITING)
     assert "publish" not in counter.read_text()
+
+
+class AsksSecret(Workflow):
+    def call(self, payload: Any) -> Any:
+        return self.ask("key", "Your key?", schema={"type": "object", "properties": {"api_token": {"type": "string"}}})
+
+
+def test_a_question_that_asks_for_a_secret_fails_its_run_with_the_reason(counter: Path) -> None:
+    run = AsksSecret.run({})
+    assert run.status == "failed" and "'api_token' asks for a secret" in run.error
+    assert not WorkflowStep.objects.filter(run_id=run.pk).exists()

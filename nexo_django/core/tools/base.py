@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
-from ..errors import ApprovalRequired, Denied, SecurityError, ToolArgumentError
+from ..errors import ApprovalRequired, Denied, InputRequired, SecurityError, ToolArgumentError
 from ..permissions import CAPABILITIES, Permissions
 from .quick_schema import compile_check
 
@@ -107,6 +107,8 @@ class ToolContext:
     #: when no version went with the approval. An approval is the informed look that
     #: read-before-write stands for: ``write`` runs when the file is still that version.
     approved_version: str | None = None
+    #: the answers to the input this call asked for before (``core.mcp_input.Answers``), or None
+    answers: Any = None
 
 
 def error(message: str) -> ToolResult:
@@ -192,7 +194,7 @@ class Tool:
         """Run a call that already passed the gate."""
         try:
             result = self.execute(args, ctx)
-        except (ApprovalRequired, SecurityError):
+        except (ApprovalRequired, SecurityError, InputRequired):
             raise
         except (ToolArgumentError, Denied) as exc:
             return error(str(exc))
