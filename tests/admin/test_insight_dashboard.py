@@ -216,3 +216,15 @@ def test_a_long_period_reads_months() -> None:
     month = timezone.now().date().replace(day=1).isoformat()
     assert chart_values(html, "over_time")[("approved", month)] == 5
     assert 'id="insight-total" data-value="10"' in html
+
+
+def test_a_chart_escapes_every_name_it_draws() -> None:
+    """The bars are written as text, not through format_html: a tool named like markup is drawn
+    as its characters, in the attribute and the title alike."""
+    from nexo_django.admin.insight import svg
+
+    hostile = '<img src=x onerror=alert(1)>"\'&'
+    drawn = str(svg.bars("c", "t <b>", [{"name": hostile, "n": 3}], "name", [svg.Series("n", "n <i>", "n")], unit="<u>"))
+    assert "<img" not in drawn and "<b>" not in drawn and "<i>" not in drawn and "<u>" not in drawn
+    assert 'data-category="&lt;img src=x onerror=alert(1)&gt;&quot;&#x27;&amp;"' in drawn
+    assert 'data-value="3"' in drawn

@@ -6,6 +6,7 @@ are classes (``nexo_django/insight.css``). Every mark carries its numbers for pe
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,12 @@ def _nice_max(value: float) -> float:
     return value
 
 
+def _e(value: Any) -> str:
+    """``value`` as text safe inside an attribute or an element: what ``format_html`` does to
+    each argument, for the hundreds of marks of a chart at a fraction of its cost."""
+    return html.escape(str(value), quote=True)
+
+
 def bars(
     chart_id: str, title: str, rows: Sequence[dict[str, Any]], category: str, series: Sequence[Series], *,
     stacked: bool = True, unit: str = "", fmt: Any = None,
@@ -48,25 +55,26 @@ def bars(
     totals = [sum((r.get(s.key) or 0) for s in series) if stacked else max([r.get(s.key) or 0 for s in series] or [0])
               for r in rows]
     top = _nice_max(max(totals, default=0))
+    cid = _e(chart_id)
     parts: list[str] = [
-        format_html('<svg xmlns="http://www.w3.org/2000/svg" class="nexo-chart" id="{}" viewBox="0 0 {} {}" '
-                    'role="img" aria-labelledby="{}-title" data-max="{}">', chart_id, WIDTH, HEIGHT, chart_id, top),
-        format_html('<title id="{}-title">{}</title>', chart_id, title),
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="nexo-chart" id="{cid}" viewBox="0 0 {WIDTH} {HEIGHT}" '
+        f'role="img" aria-labelledby="{cid}-title" data-max="{_e(top)}">',
+        f'<title id="{cid}-title">{_e(title)}</title>',
     ]
     for i in range(5):
         y = TOP + plot_h - plot_h * i / 4
-        parts.append(format_html('<line class="grid" x1="{}" y1="{}" x2="{}" y2="{}"/>', LEFT, _num(y), WIDTH - 8, _num(y)))
-        parts.append(format_html('<text class="axis" x="{}" y="{}" text-anchor="end">{}</text>',
-                                 LEFT - 4, _num(y + 4), fmt(top * i / 4)))
+        parts.append(f'<line class="grid" x1="{LEFT}" y1="{_num(y)}" x2="{WIDTH - 8}" y2="{_num(y)}"/>')
+        parts.append(f'<text class="axis" x="{LEFT - 4}" y="{_num(y + 4)}" text-anchor="end">{_e(fmt(top * i / 4))}</text>')
     if not rows:
-        parts.append(format_html('<text class="empty" x="{}" y="{}" text-anchor="middle">nothing in this period</text>',
-                                 WIDTH / 2, HEIGHT / 2))
+        parts.append(f'<text class="empty" x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle">nothing in this period</text>')
     slot = plot_w / max(len(rows), 1)
     label_every = max(1, len(rows) // 20)
+    keys = [(_e(s.css), _e(s.key), _e(s.label)) for s in series]
     for i, row in enumerate(rows):
         x0 = LEFT + i * slot + slot * 0.1
         width = slot * 0.8
         base = TOP + plot_h
+        name = _e(row[category])
         for j, s in enumerate(series):
             value = row.get(s.key)
             if value is None:
@@ -78,23 +86,22 @@ def bars(
             else:
                 w = width / len(series)
                 x, y = x0 + j * w, TOP + plot_h - h
-            parts.append(format_html(
-                '<rect class="bar {}" x="{}" y="{}" width="{}" height="{}" data-series="{}" data-category="{}" '
-                'data-value="{}"><title>{}: {} {}{}</title></rect>',
-                s.css, _num(x), _num(y), _num(max(w, 0.5)), _num(h), s.key, row[category], value,
-                row[category], s.label, fmt(value), unit))
+            css, key, label = keys[j]
+            parts.append(
+                f'<rect class="bar {css}" x="{_num(x)}" y="{_num(y)}" width="{_num(max(w, 0.5))}" height="{_num(h)}" '
+                f'data-series="{key}" data-category="{name}" data-value="{_e(value)}"><title>{name}: {label} '
+                f'{_e(fmt(value))}{_e(unit)}</title></rect>')
         if i % label_every == 0:
-            cx = LEFT + i * slot + slot / 2
-            parts.append(format_html('<text class="label" x="{}" y="{}" text-anchor="end" transform="rotate(-40 {} {})">{}</text>',
-                                     _num(cx), HEIGHT - BOTTOM + 14, _num(cx), HEIGHT - BOTTOM + 14,
-                                     str(row[category])[:24]))
+            cx, ly = _num(LEFT + i * slot + slot / 2), HEIGHT - BOTTOM + 14
+            parts.append(f'<text class="label" x="{cx}" y="{ly}" text-anchor="end" transform="rotate(-40 {cx} {ly})">'
+                         f'{_e(str(row[category])[:24])}</text>')
     x = LEFT
-    for s in series:
-        parts.append(format_html('<rect class="bar {}" x="{}" y="{}" width="10" height="10"/>', s.css, x, HEIGHT - 14))
-        parts.append(format_html('<text class="legend" x="{}" y="{}">{}</text>', x + 14, HEIGHT - 5, s.label))
+    for (css, _, label), s in zip(keys, series, strict=True):
+        parts.append(f'<rect class="bar {css}" x="{x}" y="{HEIGHT - 14}" width="10" height="10"/>')
+        parts.append(f'<text class="legend" x="{x + 14}" y="{HEIGHT - 5}">{label}</text>')
         x += 14 + 8 * len(s.label) + 16
-    parts.append(mark_safe("</svg>"))  # noqa: S308 - a constant
-    return mark_safe("".join(parts))  # noqa: S308 - every value above went through format_html
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # noqa: S308 - every value above went through _e (html.escape) or is a number
 
 
 @dataclass(frozen=True)
