@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
 
 
@@ -36,8 +38,15 @@ class NexoDjangoConfig(AppConfig):
         for field in ("approvers", "escalation_groups"):
             m2m_changed.connect(policy_history.groups_changed, sender=getattr(ApprovalPolicy, field).through,
                                 dispatch_uid=f"nexo_django.policy.groups.{field}")
-        # The reviewer agent is sent the admin's preview of a call (durable.policy.reviewer).
-        from .admin.previews import preview_text
+        # The reviewer agent is sent the admin's preview of a call (durable.policy.reviewer),
+        # imported when a review first needs it: importing the admin here would need every app
+        # it uses (auth, contenttypes) installed, and a project without the admin has none.
         from .durable.policy import reviewer
 
-        reviewer.install(preview_text)
+        reviewer.install(_admin_preview)
+
+
+def _admin_preview(*args: Any, **kwargs: Any) -> Any:
+    from .admin.previews import preview_text
+
+    return preview_text(*args, **kwargs)

@@ -55,7 +55,7 @@ def test_rqs_worker_tests_pass_with_the_worker_class_swapped(
     )  # fmt: skip
     # pytest-timeout's thread method ends the process at once (os._exit): no report is written then,
     # and what the inner run printed (the hung test's stack) is the only account of it.
-    assert report.exists(), f"rq's suite ended without its report (exit {done.returncode}):\n{done.stdout[-6000:]}"
+    assert report.exists(), f"rq's suite ended without its report (exit {done.returncode}):\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
     suite = ET.parse(report).getroot().find("testsuite")
     assert suite is not None, done.stdout[-3000:]
     counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
