@@ -27,6 +27,7 @@ from ..durable import schedules
 from ..durable.slots import Calendar, check_cron, zone
 from ..models import AgentRun
 from ..schedule_models import Schedule, ScheduleSlot
+from .workflows import BoundedJSONField
 
 #: slots listed on a schedule's page, newest first
 SHOWN = 50
@@ -42,7 +43,14 @@ def refused_as_error(check: Any, value: Any) -> Any:
         raise forms.ValidationError(str(exc)) from exc
 
 
+class PayloadField(BoundedJSONField):
+    what = "the payload"
+
+
 class ScheduleForm(forms.ModelForm):
+    payload = PayloadField(required=False, widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
+                           help_text="A workflow's payload (JSON).")
+
     class Meta:
         model = Schedule
         fields = ("name", "target", "prompt", "payload", "permissions", "sandbox", "cwd", "cron", "interval",
