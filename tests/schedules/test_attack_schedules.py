@@ -107,7 +107,8 @@ def test_the_editor_cannot_approve_the_calls_of_the_runs_the_schedule_starts(set
                          {"decision": "approve", "digest": call.digest if hasattr(call, "digest") else ""})
     assert response.status_code in (302, 403)
     call.refresh_from_db()
-    assert call.status == "pending"
+    assert call.status == "pending_approval"
+    assert AgentRun.objects.get().status == "suspended"
 
 
 def test_a_resume_by_another_person_makes_them_the_runs_starter(settings: Any) -> None:
@@ -124,9 +125,9 @@ def test_a_resume_by_another_person_makes_them_the_runs_starter(settings: Any) -
 # --- hostile input in the form -------------------------------------------------------------------
 
 
-def refused(change: dict[str, Any]) -> str:
-    client = client_for(make_user("ed", "nexo_django.add_schedule", "nexo_django.change_schedule",
-                                  "nexo_django.view_schedule"))
+def refused(change: dict[str, Any], client: Client | None = None) -> str:
+    client = client or client_for(make_user("ed", "nexo_django.add_schedule", "nexo_django.change_schedule",
+                                            "nexo_django.view_schedule"))
     response = csrf_post(client, ADD, {**GOOD, **change})
     assert response.status_code == 200, response.status_code
     html = response.content.decode()
@@ -138,7 +139,7 @@ def refused(change: dict[str, Any]) -> str:
 @pytest.mark.parametrize("target", [
     "os.system", "builtins.eval", "subprocess.Popen", "tests..schedule_agents.Nightly", "tests.schedule_agents..Nightly",
     "../../etc.passwd", "tests.schedule_agents.NOT_A_CLASS", "a" * 5000 + ".B", "tests.schedule_agents.Nightly\x00",
-    "tests.schedule_agents.Nightly ", "nexo_django.Agent", "nexo_django.Workflow",
+    "tests.schedule_agents.Night ly", "nexo_django.Agent", "nexo_django.Workflow",
 ])
 def test_class_paths_that_are_no_agent_class_are_refused(target: str) -> None:
     refused({"target": target})
@@ -149,9 +150,10 @@ def test_a_class_path_into_the_standard_library_is_not_imported(tmp_path: Any) -
     effects at import (``antigravity`` opens a web browser, ``this`` prints) is refused unimported."""
     import sys
 
+    client = client_for(make_user("ed", "nexo_django.add_schedule", "nexo_django.view_schedule"))
     for name in ("antigravity", "this", "turtle"):
         sys.modules.pop(name, None)
-        html = refused({"target": f"{name}.Agent"})
+        html = refused({"target": f"{name}.Agent"}, client)
         assert name not in sys.modules, f"{name} was imported by the form"
         assert "standard library" in html
 
