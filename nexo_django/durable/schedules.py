@@ -299,13 +299,16 @@ def _pause(schedule: Schedule, slot: datetime | None, now: datetime, reason: str
         return _pause_here(schedule, slot, now, reason, None, schedule.consecutive_failures)
 
 
-def resume(schedule: Schedule, now: datetime | None = None) -> None:
+def resume(schedule: Schedule, now: datetime | None = None, *, by: Any = None) -> None:
     """Enable ``schedule`` again from its next slot after ``now`` (the slots while it was paused are
-    not run); its failures in a row count again from zero."""
+    not run); its failures in a row count again from zero. ``by``: the person resuming it, who its
+    runs are started as from now on (resuming starts runs as saving does)."""
     now = now or timezone.now()
     prepare(schedule, now)
+    extra = {"run_as": by} if by is not None else {}
     Schedule.objects.filter(pk=schedule.pk).update(enabled=True, paused_reason="", next_slot=calendar(schedule)
-                                                   .following(now), consecutive_failures=0, updated_at=now)
+                                                   .following(now), consecutive_failures=0, updated_at=now,
+                                                   **extra)
 
 
 def _ago(delta: timedelta) -> str:
