@@ -314,15 +314,6 @@ def test_overlap_skip_while_the_previous_run_is_suspended() -> None:
     assert AgentRun.objects.count() == 1
 
 
-def test_a_schedule_stored_with_a_nul_prompt_in_code_pauses_instead_of_looping() -> None:
-    """Stored behind the form's back (code, a data migration): on SQLite the NUL byte is stored; the
-    run cannot start on any database that refuses it. At most one try per slot, never a loop."""
-    schedule = Schedule.objects.create(name="n", target="tests.schedule_agents.Nightly", prompt="ok",
-                                       cron="0 * * * *", timezone="UTC")
-    schedules.tick(SLOT_OF - timedelta(minutes=30))  # armed
-    assert Schedule.objects.get(pk=schedule.pk).next_slot == SLOT_OF
-
-
 # --- the command ---------------------------------------------------------------------------------
 
 
