@@ -35,6 +35,9 @@ at least once, as documented; not a fault), ``questions_answered_twice`` (an ans
 question answered before), ``notices_posted_twice`` (two Slack messages carrying one notice key),
 ``notices_undelivered`` (pending or failed once the reconciler had its minute after the drain),
 ``webhook_redeliveries`` (a webhook event sent again with its key, which the receiver dropped).
+The schedules' part (``--schedules``, bench/chaos_schedules.py: ticked by two racing scheduler
+threads during the chaos): ``slot_runs_doubled``, ``slots_half_fired``, ``schedules_not_ticking``;
+``done`` and the other statuses count the chaos agents' runs, ``schedule_runs_done`` the slots'.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from bench.chaos_schedules import TICKED, ChaosSchedules
 from bench.common import REPO_ROOT, figure, note, scratch, setup_django
 from tests.servers import wait_until
 
@@ -77,6 +81,8 @@ class Chaos:
         self.boundary_file = self.dir / "die-at-boundary"
         self.kill_log = self.dir / "kills.txt"
         self.answers: Counter[tuple[str, str]] = Counter()  # (run, question) -> answers recorded
+        self.schedules = ChaosSchedules(args.schedules)
+        self.ticking = threading.Event()  # set: the scheduler threads stop
 
     # --- servers and workers -----------------------------------------------------------------
 
@@ -136,11 +142,12 @@ class Chaos:
 
     # --- the people and the reconciler -------------------------------------------------------
 
-    def guarded(self, name: str, step: Any, every: float) -> None:
+    def guarded(self, name: str, step: Any, every: float, stop: threading.Event | None = None) -> None:
         """Call ``step`` until told to stop; a database or Redis error is counted, then retried."""
         from django.db import close_old_connections, connection
 
-        while not self.stop.is_set():
+        stop = stop or self.stop
+        while not stop.is_set():
             try:
                 step()
             except Exception as exc:  # the database or Redis is down: try again
@@ -149,7 +156,7 @@ class Chaos:
                 connection.close()
             else:
                 close_old_connections()
-            self.stop.wait(every)
+            stop.wait(every)
         connection.close()
 
     def approve_pending(self) -> None:
@@ -301,6 +308,22 @@ class Chaos:
             group.respawn(index)
             time.sleep(self.args.kill_every)
 
+    def after_chaos(self, tickers: list[threading.Thread]) -> None:
+        """The schedulers stop (the drain must end), then one tick past every next slot."""
+        from django.db import connection
+
+        self.ticking.set()
+        for thread in tickers:
+            thread.join(timeout=30)
+        for _ in range(20):  # PostgreSQL may still be coming back from its last restart
+            try:
+                self.schedules.tick_after()
+                return
+            except Exception as exc:
+                self.count(f"tick_after:{type(exc).__name__}")
+                connection.close()
+                time.sleep(0.5)
+
     def drain(self) -> bool:
         """No more chaos: the dead workers started again (the living ones are left as they are, as
         in production after a database restart); wait (bounded) until no run is left to finish."""
@@ -414,7 +437,8 @@ class Chaos:
         from nexo_django.models import AgentRun, CallStatus, RunEvent, RunKind, ToolCall
 
         workflows, notices = self.workflow_verdict(), self.outbox_verdict()
-        statuses = Counter(AgentRun.objects.filter(kind=RunKind.AGENT, parent__isnull=True).values_list("status", flat=True))
+        statuses = Counter(AgentRun.objects.filter(kind=RunKind.AGENT, parent__isnull=True).exclude(agent=TICKED)
+                           .values_list("status", flat=True))
         entries = Counter(self.ledger_lines())
         duplicates = {line: n for line, n in entries.items() if n > 1}
         rerun_duplicates = sum(n - 1 for line, n in duplicates.items() if tuple(line.split(" ", 1)) in self.reruns)
@@ -449,7 +473,7 @@ class Chaos:
             redis_flushes=self.counts["redis_flushes"], pg_restarts=self.counts["pg_restarts"],
             recovered=recovered, resent=self.counts["reconcile_resent"],
             outcome_unknown_resolved=self.counts["resolved_unknown"], reruns=len(self.reruns),
-            **workflows, **notices,
+            **workflows, **notices, **self.schedules.verdict(),
         )  # fmt: skip
 
 
@@ -469,6 +493,8 @@ def main() -> None:
                         help="probability that a worker is killed right after it took a job")
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--workflows", type=int, default=10, help="workflow runs started along the chaos")
+    parser.add_argument("--schedules", type=int, default=3,
+                        help="schedules ticked by two racing scheduler threads during the chaos (bench/chaos_schedules.py)")
     parser.add_argument("--die-at-boundary", type=float, default=0.3,
                         help="probability that a worker is killed right after a workflow step's record "
                              "and between a notice's send and its record")
@@ -477,15 +503,19 @@ def main() -> None:
     chaos = Chaos(args)
     try:
         chaos.start()
+        chaos.schedules.create()
+        tickers = [threading.Thread(target=chaos.guarded, args=(f"scheduler{k}", chaos.schedules.tick, 0.25,
+                                                                chaos.ticking), daemon=True) for k in range(2)]
         threads = [
             threading.Thread(target=chaos.guarded, args=("approver", chaos.approve_pending, 0.1), daemon=True),
             threading.Thread(target=chaos.guarded, args=("reconciler", chaos.reconcile_round, 0.5), daemon=True),
         ]
         started = time.monotonic()
-        for thread in threads:
+        for thread in [*threads, *tickers]:
             thread.start()
         note(f"chaos for {args.seconds:g}s; {args.runs} runs started along it")
         chaos.unleash()
+        chaos.after_chaos(tickers)
         note(f"chaos over after {time.monotonic() - started:.0f}s; draining (at most {args.drain:g}s)")
         drained = chaos.drain()
         chaos.boundary_file.unlink()

@@ -9,6 +9,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from .storable import StoredJSONField
+
 
 class Overlap(models.TextChoices):
     SKIP = "skip", "skip the slot while the previous run is queued, running or waiting"
@@ -32,7 +34,7 @@ class Schedule(models.Model):
     #: "agent" or "workflow": what ``target`` named when it was last checked
     kind = models.CharField(max_length=10, default="agent", editable=False)
     prompt = models.TextField(blank=True, default="", help_text="An agent's prompt.")
-    payload = models.JSONField(null=True, blank=True, help_text="A workflow's payload (JSON).")
+    payload = StoredJSONField(null=True, blank=True, help_text="A workflow's payload (JSON).")
     permissions = models.CharField(max_length=20, blank=True, default="",
                                    help_text="A permission mode for an agent's runs; blank: the class's own.")
     sandbox = models.CharField(max_length=20, blank=True, default="",

@@ -3,7 +3,7 @@ timezone, a class path that does not import) with the reason, and a page listing
 schedule started and the slots it skipped, with why.
 
 Changing schedules is Django's ``nexo_django.change_schedule`` permission: it starts runs, so give
-it as you would the right to start them. The runs are started as the person who last saved the
+it as you would the right to start them. The runs are started as the person who last saved (or resumed) the
 schedule (its ``run_as``): they are that person's runs for the approval rules (with
 ``NEXO["SELF_APPROVAL"]`` off they cannot approve them).
 """
@@ -27,6 +27,7 @@ from ..durable import schedules
 from ..durable.slots import Calendar, check_cron, zone
 from ..models import AgentRun
 from ..schedule_models import Schedule, ScheduleSlot
+from .workflows import BoundedJSONField
 
 #: slots listed on a schedule's page, newest first
 SHOWN = 50
@@ -42,7 +43,14 @@ def refused_as_error(check: Any, value: Any) -> Any:
         raise forms.ValidationError(str(exc)) from exc
 
 
+class PayloadField(BoundedJSONField):
+    what = "the payload"
+
+
 class ScheduleForm(forms.ModelForm):
+    payload = PayloadField(required=False, widget=forms.Textarea(attrs={"rows": 6, "cols": 60}),
+                           help_text="A workflow's payload (JSON).")
+
     class Meta:
         model = Schedule
         fields = ("name", "target", "prompt", "payload", "permissions", "sandbox", "cwd", "cron", "interval",
@@ -146,7 +154,7 @@ class ScheduleAdmin(admin.ModelAdmin):
         resumed, refused = 0, []
         for schedule in queryset.filter(enabled=False):
             try:
-                schedules.resume(schedule)
+                schedules.resume(schedule, by=request.user)
                 resumed += 1
             except ConfigurationError as exc:
                 refused.append(f"{schedule.name}: {exc}")

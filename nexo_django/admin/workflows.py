@@ -58,10 +58,12 @@ class BoundedJSONField(forms.JSONField):
     nesting bounded before it is parsed. Django's own ``json.loads`` raised ``RecursionError`` (a
     500) on an answer nested 100,000 deep; here the form says why."""
 
+    what = "the answer"
+
     def to_python(self, value: Any) -> Any:
         if isinstance(value, str) and value.strip() and not self.disabled:
             try:
-                read_json(value, what="the answer")
+                read_json(value, what=self.what)
             except BadJSON as exc:
                 raise ValidationError(str(exc), code="invalid") from None
         return super().to_python(value)
@@ -70,7 +72,7 @@ class BoundedJSONField(forms.JSONField):
         # The form shown again with its error parses what was sent once more: bounded too.
         if isinstance(data, str) and not self.disabled:
             try:
-                read_json(data, what="the answer")
+                read_json(data, what=self.what)
             except BadJSON:
                 return InvalidJSONInput(data)
         return super().bound_data(data, initial)

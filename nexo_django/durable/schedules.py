@@ -13,6 +13,7 @@ or by ``manage.py nexo_schedules tick`` from any scheduler; the clock is a param
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -50,12 +51,20 @@ FINISHED = (RunStatus.DONE, RunStatus.FAILED)
 def target_class(path: str) -> tuple[type, str]:
     """The class ``path`` names and its kind (``"agent"`` or ``"workflow"``); ``ConfigurationError``
     with the reason when it does not import or is neither."""
-    if not isinstance(path, str) or "." not in path or path != path.strip() or len(path) > 255:
-        raise ConfigurationError(f"class path {path!r}: give a dotted path such as 'myapp.agents.Triage'")
+    if (not isinstance(path, str) or "." not in path or len(path) > 255
+            or not all(part.isidentifier() for part in path.split("."))):
+        raise ConfigurationError(f"class path {path[:300]!r}: give a dotted path such as 'myapp.agents.Triage'")
+    if path.split(".", 1)[0] in sys.stdlib_module_names:
+        # Checking a path imports its module: never one of the standard library's, some of which
+        # act when imported (``antigravity`` opens a web browser).
+        raise ConfigurationError(f"class path {path!r} is in the standard library; name an Agent or a Workflow "
+                                 "class of your project")
     try:
         cls = import_string(path)
     except Exception as exc:  # ImportError, or whatever the module raised while importing
         raise ConfigurationError(f"class {path!r} does not import: {type(exc).__name__}: {exc}") from exc
+    if cls in (Agent, Workflow):
+        raise ConfigurationError(f"{path!r} is the base class; name your subclass of it")
     if isinstance(cls, type) and issubclass(cls, Agent):
         return cls, "agent"
     if isinstance(cls, type) and issubclass(cls, Workflow):
@@ -290,13 +299,16 @@ def _pause(schedule: Schedule, slot: datetime | None, now: datetime, reason: str
         return _pause_here(schedule, slot, now, reason, None, schedule.consecutive_failures)
 
 
-def resume(schedule: Schedule, now: datetime | None = None) -> None:
+def resume(schedule: Schedule, now: datetime | None = None, *, by: Any = None) -> None:
     """Enable ``schedule`` again from its next slot after ``now`` (the slots while it was paused are
-    not run); its failures in a row count again from zero."""
+    not run); its failures in a row count again from zero. ``by``: the person resuming it, who its
+    runs are started as from now on (resuming starts runs as saving does)."""
     now = now or timezone.now()
     prepare(schedule, now)
+    extra = {"run_as": by} if by is not None else {}
     Schedule.objects.filter(pk=schedule.pk).update(enabled=True, paused_reason="", next_slot=calendar(schedule)
-                                                   .following(now), consecutive_failures=0, updated_at=now)
+                                                   .following(now), consecutive_failures=0, updated_at=now,
+                                                   **extra)
 
 
 def _ago(delta: timedelta) -> str:

@@ -4,7 +4,8 @@ Workers SIGKILLed every few hundred ms, Redis flushed, PostgreSQL (fsync on) res
 end no run is left queued or running, no side effect ran twice, and no write the database says
 succeeded is missing on disk; workflows finish with each checkpoint recorded once and each
 question answered once, and no notice is posted twice (workers also die after a step's record and
-between a notice's send and its record). The long run and its figures: ``python -m bench.chaos``.
+between a notice's send and its record); schedules ticking all along start at most one run per
+slot, leave no slot half-fired, and still tick after. The long run and its figures: ``python -m bench.chaos``.
 """
 
 from __future__ import annotations
@@ -52,3 +53,8 @@ def test_short_chaos_run_loses_nothing_and_repeats_no_side_effect() -> None:
                       "notices_posted_twice", "notices_undelivered"):
         assert figures[invariant] == "0", f"{invariant}: {context}"
     assert int(figures["slack_posts"]) > 0 and int(figures["webhook_events"]) > 0, context
+    # Schedules ticked by two racing schedulers all along: one run at most per slot, no slot left
+    # half-fired, every schedule still ticking after the chaos.
+    for invariant in ("slot_runs_doubled", "slots_half_fired", "schedules_not_ticking"):
+        assert figures[invariant] == "0", f"{invariant}: {context}"
+    assert int(figures["schedule_runs"]) >= 3 and figures["schedules"] == "3", context
