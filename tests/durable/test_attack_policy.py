@@ -377,3 +377,102 @@ def test_a_policy_edited_so_its_approvers_lose_access_leaves_waiting_calls_to_th
     nothing_ran(call, counter)
     assert isinstance(call.approve(by=people["olga"]), Decision)
     assert AgentRun.objects.get(pk=call.run_id).status == RunStatus.DONE
+
+
+# --- the reviewer agent (scripted models) -------------------------------------------------------
+
+
+def reviewed(people: dict[str, Any], ops: Group, name: str, **fields: Any) -> None:
+    policy(people["carol"], approvers=[ops], reviewer=f"tests.durable.attack_reviewers.{name}", **fields)
+
+
+def test_a_reviewer_reason_with_a_nul_byte_and_markup_is_recorded_and_shown_escaped_scripted(
+        people: dict[str, Any], ops: Group, tmp_path: Path) -> None:
+    reviewed(people, ops, "NulReason", reviewer_may_deny=True)
+    call = waiting_call(tmp_path)
+    reconcile(now=timezone.now())
+    call.refresh_from_db()
+    assert call.risk == "high" and call.reviewer_denied_at is not None, (call.risk, call.risk_reason)
+    assert call.risk_reason.startswith("nul\u27e6U+0000\u27e7here")
+    page = client_for(people["olga"]).get(decision_url(call)).content.decode()
+    assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    nothing_decided(call)
+
+
+@pytest.mark.parametrize("name", ["NaNRisk", "UnknownRisk", "Malformed", "NotAnObject"])
+def test_a_reviewer_answer_it_cannot_read_is_no_advice_and_denies_nothing_scripted(
+        people: dict[str, Any], ops: Group, tmp_path: Path, name: str) -> None:
+    reviewed(people, ops, name, reviewer_may_deny=True)
+    call = waiting_call(tmp_path)
+    reconcile(now=timezone.now())
+    call.refresh_from_db()
+    assert (call.risk, call.reviewer_denied_at) == ("unknown", None)
+    assert call.risk_reason.startswith("the reviewer's answer could not be read (")
+    nothing_decided(call)
+
+
+def test_a_reviewer_1_mb_reason_is_cut_scripted(people: dict[str, Any], ops: Group, tmp_path: Path) -> None:
+    reviewed(people, ops, "HugeReason")
+    call = waiting_call(tmp_path)
+    reconcile(now=timezone.now())
+    call.refresh_from_db()
+    assert call.risk == "medium" and 0 < len(call.risk_reason) <= 2000
+    nothing_decided(call)
+
+
+def test_hostile_arguments_and_a_reviewer_that_calls_tools_change_nothing_scripted(
+        people: dict[str, Any], ops: Group, tmp_path: Path) -> None:
+    from tests.durable import attack_reviewers
+
+    reviewed(people, ops, "ToolCaller", reviewer_may_deny=True)
+    call = waiting_call(tmp_path, agent=attack_reviewers.HostileWriter)
+    reconcile(now=timezone.now())
+    call.refresh_from_db()
+    assert call.risk in ("low", "unknown") and call.reviewer_denied_at is None
+    assert not list(tmp_path.rglob("pwned.txt")) and not (tmp_path / "notes.txt").exists()
+    nothing_decided(call)
+    [sent] = attack_reviewers.ToolCaller.model.requests[:1]
+    prompt = next(m["content"] for m in sent["messages"] if m["role"] == "user")
+    assert len(prompt) < 4 * reviewer.PART_CHARS  # the 200 kB of arguments were cut
+    assert prompt.count("<<<DATA") == 4 and prompt.count("DATA>>>") == 4  # its forged markers broken up
+    # No tool but read and glob, over an empty in-memory sandbox: the write it asked for did not exist.
+    assert set(sent.get("tools") or []) <= {"read", "glob"}
+
+
+def test_a_hanging_reviewer_is_bounded_scripted(people: dict[str, Any], ops: Group, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reviewer, "TIMEOUT_SECONDS", 0.5)
+    reviewed(people, ops, "Hanging", reviewer_may_deny=True)
+    call = waiting_call(tmp_path)
+    started = time.monotonic()
+    reconcile(now=timezone.now())
+    assert time.monotonic() - started < 5
+    call.refresh_from_db()
+    assert call.risk == "unknown" and "did not answer within 0.5 s" in call.risk_reason
+    nothing_decided(call)
+
+
+# --- a run a schedule started -------------------------------------------------------------------
+
+
+def test_a_scheduled_runs_call_a_policy_routes_is_decided_only_by_its_group(people: dict[str, Any],
+                                                                           ops: Group) -> None:
+    from datetime import UTC, datetime
+
+    from nexo_django.durable import schedules
+    from tests.schedules.helpers import make
+
+    policy(people["carol"], approvers=[ops], name="Reports", capability="write", target="/report*")
+    make(target="tests.schedule_agents.Asks", cron="0 * * * *")
+    assert schedules.tick(datetime(2026, 6, 1, 7, 0, 5, tzinfo=UTC)).started
+    run = AgentRun.objects.get()
+    [call] = ToolCall.objects.select_related("run").filter(run=run, status=CallStatus.PENDING_APPROVAL)
+    assert run.options["_schedule"]["name"] == "nightly" and run.created_by_id is None
+    for outsider in (people["bob"], people["carol"]):
+        with pytest.raises(PolicyRefusal, match="approval policy “Reports”|the approvers of policy “Reports”"):
+            call.approve(by=outsider)
+    with pytest.raises(PolicyRefusal, match="pass by=<that person>"):
+        call.approve()
+    nothing_decided(call)
+    assert isinstance(call.approve(by=people["olga"]), Decision)
+    assert AgentRun.objects.get(pk=run.pk).status == RunStatus.DONE

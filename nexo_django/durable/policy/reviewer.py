@@ -146,6 +146,9 @@ def review(call: ToolCall, now: datetime | None = None) -> bool:
             risk=REVIEWING, updated_at=now or timezone.now()):
         return False  # another process reviews it, or it was decided
     risk, reason, deny = ask(str(policy["reviewer"]), prompt_for(call))
+    # What a model wrote, stored as text: a NUL (which PostgreSQL refuses in a text column, and
+    # which would leave the call "reviewing" for good) is shown as the page shows hidden characters.
+    reason = reason.replace("\x00", "\u27e6U+0000\u27e7")[:2000]
     denied = timezone.now() if deny and risk != UNKNOWN and policy.get("reviewer_may_deny") else None
     if deny and denied is None and risk != UNKNOWN:
         reason += " (it would deny this call; its policy does not let it)"
