@@ -15,6 +15,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
@@ -47,7 +48,10 @@ class ApprovalPolicyForm(forms.ModelForm):
         if quorum is not None:
             if quorum < 1:
                 raise forms.ValidationError({"quorum": "A quorum is at least 1 approval."})
-            people = get_user_model()._default_manager.filter(groups__in=groups, is_active=True).distinct()
+            # Who could approve: active members holding the decide permission (the others are refused).
+            may = Permission.objects.filter(codename="decide_toolcall", content_type__app_label="nexo_django")
+            people = get_user_model()._default_manager.filter(groups__in=groups, is_active=True).filter(
+                Q(is_superuser=True) | Q(user_permissions__in=may) | Q(groups__permissions__in=may)).distinct()
             if self.saver is not None:
                 people = people.exclude(pk=self.saver.pk)
             if self.instance.pk is not None:

@@ -344,6 +344,21 @@ def test_hostile_patterns_are_refused_by_the_form(people: dict[str, Any], ops: G
     assert not ApprovalPolicy.objects.exists()
 
 
+def test_a_quorum_only_members_without_the_permission_could_meet_is_refused(people: dict[str, Any],
+                                                                           ops: Group) -> None:
+    """A member without the decide permission is refused when deciding, so the form does not count
+    them among the people who could approve (nor an inactive member)."""
+    for name in ("stan", "sven"):
+        make_user(name).groups.add(ops)  # in ops, may not decide
+    people["uma"].is_active = False
+    people["uma"].save()
+    client = client_for(people["bob"])
+    response = csrf_post(client, f"{POLICIES}add/", _policy_form(ops, quorum="3"))
+    assert response.status_code == 200
+    assert "The quorum is 3 but ops has 2 active members who could approve" in response.content.decode()
+    assert not ApprovalPolicy.objects.exists()
+
+
 def test_a_glob_bomb_pattern_matches_in_bounded_time(people: dict[str, Any], ops: Group) -> None:
     bomb = matching.said(policy(people["carol"], approvers=[ops], target="/" + "*a" * 480 + "b"))
     call = ToolCall(name="write", capability="write", args={"path": "a" * 4000, "content": ""})
