@@ -22,6 +22,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html_join
 
 from ..conf import nexo_settings
+from ..core.agent import Agent
 from ..durable import agent_classes
 from ..durable.policy import check as policy_check
 from ..durable.policy import history, matching
@@ -69,10 +70,14 @@ class ApprovalPolicyForm(forms.ModelForm):
         reviewer = data.get("reviewer") or ""
         if reviewer:
             try:
-                agent_classes.agent_class(reviewer)
+                found = agent_classes.agent_class(reviewer)
             except ImportError as exc:
                 raise forms.ValidationError({"reviewer": f"The reviewer {reviewer} does not import ({exc}); "
                                                          "give the dotted path of an Agent class."}) from exc
+            if not (isinstance(found, type) and issubclass(found, Agent)):
+                # It would be built and run as one: a function or another class is refused here.
+                raise forms.ValidationError({"reviewer": f"The reviewer {reviewer} is not an Agent class; give the "
+                                                         "dotted path of an Agent class."})
         elif data.get("reviewer_may_deny"):
             raise forms.ValidationError({"reviewer_may_deny": "Only a reviewer may deny: name the reviewer agent, "
                                                               "or leave this off."})

@@ -198,6 +198,29 @@ def test_the_same_person_from_two_browsers_counts_once(people: dict[str, Any], o
     nothing_ran(call, counter)
 
 
+def test_the_same_person_on_slack_then_the_admin_counts_once(people: dict[str, Any], ops: Group, settings: Any,
+                                                             counter: Path) -> None:
+    from tests.channels.test_slack import click
+    from tests.durable.every_path import approver, every_channel
+
+    channels = every_channel(settings)
+    slack, _hook = next(channels)
+    try:
+        ann = approver()  # Slack's U1
+        ann.groups.add(ops)
+        bump_policy(people, ops, quorum=2)
+        call = bumping()
+        assert click(call, slack).status_code == 200
+        assert Approval.objects.get().channel_user.startswith("slack:")
+        client = client_for(ann)
+        response = csrf_post(client, decision_url(call), page_form(client, decision_url(call)))
+        assert "ann already approved bump call" in client.get(response["Location"]).content.decode()
+        assert Approval.objects.count() == 1
+        nothing_ran(call, counter)
+    finally:
+        channels.close()
+
+
 def test_a_denial_racing_the_last_approval_gives_one_outcome(people: dict[str, Any], ops: Group,
                                                             counter: Path) -> None:
     bump_policy(people, ops, quorum=2)
@@ -356,6 +379,15 @@ def test_a_quorum_only_members_without_the_permission_could_meet_is_refused(peop
     response = csrf_post(client, f"{POLICIES}add/", _policy_form(ops, quorum="3"))
     assert response.status_code == 200
     assert "The quorum is 3 but ops has 2 active members who could approve" in response.content.decode()
+    assert not ApprovalPolicy.objects.exists()
+
+
+@pytest.mark.parametrize("path", ["os.system", "subprocess.Popen", "nexo_django.models.ApprovalPolicy"])
+def test_a_reviewer_that_is_not_an_agent_class_is_refused_by_the_form(people: dict[str, Any], ops: Group,
+                                                                     path: str) -> None:
+    response = csrf_post(client_for(people["bob"]), f"{POLICIES}add/", _policy_form(ops, reviewer=path))
+    assert response.status_code == 200
+    assert f"The reviewer {path} is not an Agent class" in response.content.decode()
     assert not ApprovalPolicy.objects.exists()
 
 
