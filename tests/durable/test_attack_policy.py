@@ -16,7 +16,12 @@ from django.contrib.auth.models import Group
 from django.db import OperationalError, connections
 from django.utils import timezone
 
-from nexo_django.core.errors import AlreadyDecided, ApprovalExpired, InvalidEditedArguments, StaleDecision
+from nexo_django.core.errors import (
+    AlreadyDecided,
+    ApprovalExpired,
+    InvalidEditedArguments,
+    StaleDecision,
+)
 from nexo_django.durable.policy import check, matching, reviewer
 from nexo_django.durable.policy.check import PolicyRefusal
 from nexo_django.durable.recovery import reconcile
@@ -496,6 +501,19 @@ def test_a_hanging_reviewer_is_bounded_scripted(people: dict[str, Any], ops: Gro
     assert time.monotonic() - started < 5
     call.refresh_from_db()
     assert call.risk == "unknown" and "did not answer within 0.5 s" in call.risk_reason
+    nothing_decided(call)
+
+
+def test_a_review_whose_process_died_is_recorded_as_no_advice_not_left_reviewing_scripted(
+        people: dict[str, Any], ops: Group, leads: Group, tmp_path: Path) -> None:
+    reviewed(people, ops, "NaNRisk", escalate_after=DELAY, escalation=[leads])
+    call = waiting_call(tmp_path)
+    reconcile(now=timezone.now() + DELAY * 2)  # escalated (and reviewed): the probe's first reason is gone
+    stale = timezone.now() - timedelta(minutes=5)
+    ToolCall.objects.filter(pk=call.pk).update(risk=reviewer.REVIEWING, updated_at=stale)  # a claim, then a crash
+    reconcile(now=timezone.now())
+    call.refresh_from_db()
+    assert call.risk == "unknown" and "the review did not finish" in call.risk_reason
     nothing_decided(call)
 
 

@@ -174,7 +174,13 @@ def before_notice(call: ToolCall) -> bool:
 
 
 def review_due(now: datetime) -> int:
-    """The reconciler's pass: review the routed calls waiting for a review; how many."""
+    """The reconciler's pass: review the routed calls waiting for a review; how many. A review
+    claimed longer ago than its bound allows (its process stopped mid-review) is recorded as no
+    advice, with why: a call is never left "reviewing" for good."""
+    ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL, policy_version__gt=0, risk=REVIEWING,
+                            updated_at__lt=now - timedelta(seconds=TIMEOUT_SECONDS + 5)).update(
+        risk=UNKNOWN, updated_at=now,
+        risk_reason="the review did not finish (the process running it stopped); people decide without its advice")
     waiting = list(ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL, policy_version__gt=0, risk="")
                    .select_related("run").order_by("created_at", "id")[:50])
     return sum(1 for call in waiting if review(call, now))
