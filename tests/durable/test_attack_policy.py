@@ -140,6 +140,22 @@ def test_the_requester_is_refused_under_a_policy(people: dict[str, Any], ops: Gr
     nothing_ran(call, counter)
 
 
+@pytest.mark.parametrize(("by", "approved", "source"), [
+    ("bob", True, "expiry"), (None, True, "expiry"), ("bob", False, "expiry"),
+    ("bob", True, "rule"), ("bob", False, "rule"), (None, False, "rule"),
+])
+def test_a_built_in_source_does_not_let_anyone_past_the_policy(people: dict[str, Any], ops: Group, counter: Path,
+                                                              by: str | None, approved: bool, source: str) -> None:
+    """``source="expiry"`` and ``"rule"`` are the reconciler's and a standing rule's, never a way
+    round the check for a person (or nobody) calling ``approve()``/``deny()`` with them."""
+    bump_policy(people, ops)
+    call = bumping()
+    decide = call.approve if approved else call.deny
+    with pytest.raises(PolicyRefusal):
+        decide(by=people[by] if by else None, source=source)
+    nothing_ran(call, counter)
+
+
 def test_a_member_who_changes_the_policy_while_the_call_waits_is_refused(people: dict[str, Any], ops: Group,
                                                                           counter: Path) -> None:
     found = bump_policy(people, ops)

@@ -200,17 +200,20 @@ def _routed_now(call: ToolCall) -> bool:
 
 
 def gate(call: ToolCall, *, by: Any, approved: bool, args: Any, note: str, digest: str | None, source: str,
-         now: datetime) -> Any:
+         now: datetime, rule: Any = None) -> Any:
     """Before ``decide()`` records anything: refuse (:class:`PolicyRefusal`) a person the call's
     policy does not let decide it; record an approval that is not yet the last one its quorum
-    needs and return it (``decide()`` returns it then, and decides nothing). None: decide now."""
-    if source == "rule":
+    needs and return it (``decide()`` returns it then, and decides nothing). None: decide now.
+    :data:`UNCHECKED_SOURCES` are exempt only as what they are: a standing rule's decision (with
+    its ``rule``, nobody's) and an expiry (a denial, nobody's); a person, or an approval, that
+    names one of them is checked as any other."""
+    if source == "rule" and by is None and rule is not None:
         if approved and _routed_now(call):
             raise ApprovalRefused(f"{call.name} call {call.tool_call_id} is routed by approval policy "
                                   f"\u201c{(call.policy_said or {}).get('name')}\u201d: its approvers decide it, "
                                   "not a standing rule")
         return None
-    if source in UNCHECKED_SOURCES or not call.policy_version:
+    if (source == "expiry" and by is None and not approved) or not call.policy_version:
         return None
     why = refusal(call, by, now)
     if why:
