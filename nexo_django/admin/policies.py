@@ -15,12 +15,14 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html_join
 
 from ..conf import nexo_settings
+from ..core.agent import Agent
 from ..durable import agent_classes
 from ..durable.policy import check as policy_check
 from ..durable.policy import history, matching
@@ -47,7 +49,10 @@ class ApprovalPolicyForm(forms.ModelForm):
         if quorum is not None:
             if quorum < 1:
                 raise forms.ValidationError({"quorum": "A quorum is at least 1 approval."})
-            people = get_user_model()._default_manager.filter(groups__in=groups, is_active=True).distinct()
+            # Who could approve: active members holding the decide permission (the others are refused).
+            may = Permission.objects.filter(codename="decide_toolcall", content_type__app_label="nexo_django")
+            people = get_user_model()._default_manager.filter(groups__in=groups, is_active=True).filter(
+                Q(is_superuser=True) | Q(user_permissions__in=may) | Q(groups__permissions__in=may)).distinct()
             if self.saver is not None:
                 people = people.exclude(pk=self.saver.pk)
             if self.instance.pk is not None:
@@ -65,10 +70,14 @@ class ApprovalPolicyForm(forms.ModelForm):
         reviewer = data.get("reviewer") or ""
         if reviewer:
             try:
-                agent_classes.agent_class(reviewer)
+                found = agent_classes.agent_class(reviewer)
             except ImportError as exc:
                 raise forms.ValidationError({"reviewer": f"The reviewer {reviewer} does not import ({exc}); "
                                                          "give the dotted path of an Agent class."}) from exc
+            if not (isinstance(found, type) and issubclass(found, Agent)):
+                # It would be built and run as one: a function or another class is refused here.
+                raise forms.ValidationError({"reviewer": f"The reviewer {reviewer} is not an Agent class; give the "
+                                                         "dotted path of an Agent class."})
         elif data.get("reviewer_may_deny"):
             raise forms.ValidationError({"reviewer_may_deny": "Only a reviewer may deny: name the reviewer agent, "
                                                               "or leave this off."})

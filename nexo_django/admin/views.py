@@ -466,9 +466,10 @@ def _decide(
         ))
         return HttpResponseRedirect(_changelist_url(model_admin))
     if isinstance(decided, Approval):  # one of several approvals its policy needs (durable.policy.quorum)
+        so_far = policy_quorum.progress(call, None, policy_check.counts(call, timezone.now()))
         messages.success(request, format_html(
             "Your approval of {} ({}) is recorded: {}. It runs when the last approval needed lands.",
-            reveal(call.name), reveal(call.tool_call_id), mark_hidden(policy_quorum.progress(call))))
+            reveal(call.name), reveal(call.tool_call_id), mark_hidden(so_far)))
         return HttpResponseRedirect(here)
     verb = {APPROVE: "Approved", APPROVE_EDITED: "Approved with edited arguments", DENY_STOP: "Denied (run stopped)",
             APPROVE_ALWAYS: "Approved (and a standing rule now allows such calls)"}

@@ -574,7 +574,7 @@ def decide(
     # An approval policy's groups, quorum and four eyes (durable.policy.check): refused, or an
     # approval recorded that is not yet the last one needed (returned, nothing decided).
     if (held := policy_check.gate(call, by=_user(by), approved=approved, args=args, note=note, digest=digest,
-                                  source=source, now=now)) is not None:
+                                  source=source, now=now, rule=rule)) is not None:
         return held
     run: AgentRun | None = call.run if ToolCall.run.is_cached(call) else None
     if args is not None or (approved and binding.needs_binding(call)):

@@ -32,6 +32,7 @@ from . import history, matching, quorum
 #: Decisions nobody makes in person: not checked against a policy's groups (a standing rule's
 #: approval of a routed call is refused, its denial stands).
 UNCHECKED_SOURCES = frozenset({"expiry", "rule"})
+DECIDE_PERMISSION = "nexo_django.decide_toolcall"
 
 
 class PolicyRefusal(PermissionDenied):
@@ -105,13 +106,25 @@ def refusal(call: ToolCall, user: Any, now: datetime) -> str:
     if user is None:
         return (f"{call.name} call {call.tool_call_id} is routed by approval {name}: a member of {groups} "
                 "decides it, so pass by=<that person>")
+    if not getattr(user, "is_active", False):
+        return (f"{user}'s account is inactive, so they cannot decide the calls approval {name} routes; "
+                f"ask a member of {groups}")
     if history.authored_by(user.pk, policy.get("id")):
         return (f"{user} created or changed approval {name}, so they cannot decide the calls it routes (four eyes); "
                 f"another member of {groups} must")
     allowed = set(deciders(call, policy, now))
     if not allowed or not set(user.groups.filter(pk__in=allowed).values_list("pk", flat=True)):
         return f"{user} is not in {groups}, the approvers of {name} that routes this call; ask a member of {groups}"
+    if not user.has_perm(DECIDE_PERMISSION):  # as the admin and the channels check it (for Python too)
+        return f"{user} may not decide calls (needs {DECIDE_PERMISSION}); ask a member of {groups}"
     return ""
+
+
+def counts(call: ToolCall, now: datetime) -> Any:
+    """``user -> bool``: whether an approval by ``user`` still counts towards the call's quorum:
+    only while they may decide it (a member since removed, deactivated, or become an author of
+    the policy no longer speaks for its group)."""
+    return lambda user: user is not None and not refusal(call, user, now)
 
 
 def note(call: ToolCall, now: datetime) -> str:
@@ -123,7 +136,7 @@ def note(call: ToolCall, now: datetime) -> str:
     text = f"Decided by {names(call, policy, now)} (approval policy \u201c{policy.get('name')}\u201d)"
     if escalated(call, policy, now):
         text += ", escalated"
-    progress = quorum.progress(call, policy)
+    progress = quorum.progress(call, policy, counts(call, now))
     if progress:
         text += f"; {progress}"
     if call.reviewer_denied_at is not None:
@@ -187,17 +200,20 @@ def _routed_now(call: ToolCall) -> bool:
 
 
 def gate(call: ToolCall, *, by: Any, approved: bool, args: Any, note: str, digest: str | None, source: str,
-         now: datetime) -> Any:
+         now: datetime, rule: Any = None) -> Any:
     """Before ``decide()`` records anything: refuse (:class:`PolicyRefusal`) a person the call's
     policy does not let decide it; record an approval that is not yet the last one its quorum
-    needs and return it (``decide()`` returns it then, and decides nothing). None: decide now."""
-    if source == "rule":
+    needs and return it (``decide()`` returns it then, and decides nothing). None: decide now.
+    :data:`UNCHECKED_SOURCES` are exempt only as what they are: a standing rule's decision (with
+    its ``rule``, nobody's) and an expiry (a denial, nobody's); a person, or an approval, that
+    names one of them is checked as any other."""
+    if source == "rule" and by is None and rule is not None:
         if approved and _routed_now(call):
             raise ApprovalRefused(f"{call.name} call {call.tool_call_id} is routed by approval policy "
                                   f"\u201c{(call.policy_said or {}).get('name')}\u201d: its approvers decide it, "
                                   "not a standing rule")
         return None
-    if source in UNCHECKED_SOURCES or not call.policy_version:
+    if (source == "expiry" and by is None and not approved) or not call.policy_version:
         return None
     why = refusal(call, by, now)
     if why:
@@ -205,4 +221,5 @@ def gate(call: ToolCall, *, by: Any, approved: bool, args: Any, note: str, diges
     policy = call.policy_said or {}
     if not approved or int(policy.get("quorum") or 1) <= 1:
         return None
-    return quorum.approve(call, policy, by, args=args, note=note, digest=digest, source=source)
+    return quorum.approve(call, policy, by, args=args, note=note, digest=digest, source=source,
+                          counts=counts(call, now))

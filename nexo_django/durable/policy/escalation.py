@@ -26,7 +26,7 @@ ROUND = 500
 def to_look_at() -> QuerySet[ToolCall]:
     """The waiting calls a policy routes that may need a review or an escalation: the
     reconciler's probe (no row where no policy was ever written)."""
-    return ToolCall.objects.filter(Q(escalated_at=None) | Q(risk=""), status=CallStatus.PENDING_APPROVAL,
+    return ToolCall.objects.filter(Q(escalated_at=None) | Q(risk__in=("", "reviewing")), status=CallStatus.PENDING_APPROVAL,
                                    policy_version__gt=0)
 
 

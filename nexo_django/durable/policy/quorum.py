@@ -11,6 +11,7 @@ decision's own compare-and-set keeps the call decided once whatever else races.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -25,21 +26,31 @@ def approvals(call: ToolCall) -> list[Approval]:
     return list(Approval.objects.filter(tool_call_id=call.pk).select_related("approved_by").order_by("approved_at", "id"))
 
 
-def progress(call: ToolCall, policy: dict[str, Any] | None = None) -> str:
-    """"1 of 2 approved, by ann" ("" when the call needs one approval)."""
+def progress(call: ToolCall, policy: dict[str, Any] | None = None,
+             counts: Callable[[Any], bool] | None = None) -> str:
+    """"1 of 2 approved, by ann" ("" when the call needs one approval); with ``counts`` (whether
+    an approver's approval still counts: :func:`.check.counts`), those that no longer do are
+    named apart: "1 of 2 approved, by ann (no longer counted: olga)"."""
     policy = policy if policy is not None else call.policy_said
     needed = int((policy or {}).get("quorum") or 1)
     if needed <= 1:
         return ""
     found = approvals(call)
+    lapsed = [a for a in found if counts is not None and not counts(a.approved_by)]
+    found = [a for a in found if a not in lapsed]
     who = ", ".join(str(a.approved_by or "someone since removed") for a in found)
-    return f"{len(found)} of {needed} approved" + (f", by {who}" if who else "")
+    text = f"{len(found)} of {needed} approved" + (f", by {who}" if who else "")
+    if lapsed:
+        text += f" (no longer counted: {', '.join(str(a.approved_by or 'someone since removed') for a in lapsed)})"
+    return text
 
 
 def approve(call: ToolCall, policy: dict[str, Any], user: Any, *, args: Any, note: str, digest: str | None,
-            source: str) -> Approval | None:
+            source: str, counts: Callable[[Any], bool]) -> Approval | None:
     """Record ``user``'s approval of ``call``; it, when more are needed; None when the quorum is
-    reached (the caller decides the call now)."""
+    reached (the caller decides the call now). Only the approvals of people who may still decide
+    the call count (``counts``): one by a member since removed from the group, deactivated, or
+    become an author of the policy is kept in the record but no longer counts."""
     needed = int(policy.get("quorum") or 1)
     if args is not None:
         raise InvalidEditedArguments(
@@ -59,7 +70,7 @@ def approve(call: ToolCall, policy: dict[str, Any], user: Any, *, args: Any, not
                                                    note=note[:2000], digest=current[1])
         except IntegrityError:
             approval = None  # theirs is already recorded
-        count = Approval.objects.filter(tool_call_id=call.pk).count()
+        count = sum(1 for a in approvals(call) if counts(a.approved_by))
         keys: list[str] = []
         if approval is not None and count < needed:
             RunEvent.objects.create(run_id=call.run_id, type="approval", data={

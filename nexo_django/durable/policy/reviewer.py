@@ -146,6 +146,9 @@ def review(call: ToolCall, now: datetime | None = None) -> bool:
             risk=REVIEWING, updated_at=now or timezone.now()):
         return False  # another process reviews it, or it was decided
     risk, reason, deny = ask(str(policy["reviewer"]), prompt_for(call))
+    # What a model wrote, stored as text: a NUL (which PostgreSQL refuses in a text column, and
+    # which would leave the call "reviewing" for good) is shown as the page shows hidden characters.
+    reason = reason.replace("\x00", "\u27e6U+0000\u27e7")[:2000]
     denied = timezone.now() if deny and risk != UNKNOWN and policy.get("reviewer_may_deny") else None
     if deny and denied is None and risk != UNKNOWN:
         reason += " (it would deny this call; its policy does not let it)"
@@ -171,7 +174,13 @@ def before_notice(call: ToolCall) -> bool:
 
 
 def review_due(now: datetime) -> int:
-    """The reconciler's pass: review the routed calls waiting for a review; how many."""
+    """The reconciler's pass: review the routed calls waiting for a review; how many. A review
+    claimed longer ago than its bound allows (its process stopped mid-review) is recorded as no
+    advice, with why: a call is never left "reviewing" for good."""
+    ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL, policy_version__gt=0, risk=REVIEWING,
+                            updated_at__lt=now - timedelta(seconds=TIMEOUT_SECONDS + 5)).update(
+        risk=UNKNOWN, updated_at=now,
+        risk_reason="the review did not finish (the process running it stopped); people decide without its advice")
     waiting = list(ToolCall.objects.filter(status=CallStatus.PENDING_APPROVAL, policy_version__gt=0, risk="")
                    .select_related("run").order_by("created_at", "id")[:50])
     return sum(1 for call in waiting if review(call, now))
