@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -91,6 +91,10 @@ def send(run_id: str, generation: int, *, at: datetime | None = None) -> None:
         "failure_ttl": 7 * 24 * 3600, "description": f"nexo run {run_id}",
     }
     if at is not None:
+        # rq keeps a scheduled job's time in whole seconds, cut down (ScheduledJobRegistry: timegm):
+        # the next whole second, so that a run is never moved to its queue before its time.
+        if at.microsecond:
+            at = at.replace(microsecond=0) + timedelta(seconds=1)
         get_queue().enqueue_at(at, JOB_FUNC, run_id, **options)
         return
     options["timeout"] = options.pop("job_timeout")
