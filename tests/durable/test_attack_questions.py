@@ -6,6 +6,7 @@ Scripted models."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -100,10 +101,8 @@ def test_a_regex_from_the_server_is_never_run_on_an_answer(retries: Path) -> Non
     run = calls("redos").run("Go.")
     for step in WorkflowStep.objects.filter(run_id=run.pk, status=StepStatus.WAITING):  # none, once fixed
         started = time.monotonic()
-        try:
+        with contextlib.suppress(InvalidAnswer):
             workflow_questions.answer(run, step.name, {"word": "a" * 26 + "!"}, by=boss)
-        except InvalidAnswer:
-            pass
         assert time.monotonic() - started < 1.0
     assert not WorkflowStep.objects.filter(run_id=run.pk).exists()
 
