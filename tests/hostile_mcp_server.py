@@ -15,7 +15,12 @@ from typing import Any
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.request_state import RequestStateSecurity
-from mcp.types import ElicitRequest, ElicitRequestFormParams, ElicitRequestURLParams, InputRequiredResult
+from mcp.types import (
+    ElicitRequest,
+    ElicitRequestFormParams,
+    ElicitRequestURLParams,
+    InputRequiredResult,
+)
 
 
 def _count(what: str) -> None:
