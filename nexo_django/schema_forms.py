@@ -39,6 +39,39 @@ FORMATS = ("email", "uri", "date")
 SCALARS = ("string", "number", "integer", "boolean")
 
 
+def format_checker() -> Any:
+    """The formats of :data:`FORMATS` checked as the forms check them (Django's validators, an ISO
+    date), for an answer that comes as JSON (a webhook, the JSON endpoint, Python): without it
+    ``jsonschema`` takes "next tuesday" as a date."""
+    import jsonschema
+    from django.core.exceptions import ValidationError
+    from django.core.validators import URLValidator, validate_email
+
+    checker = jsonschema.FormatChecker(formats=())
+
+    def _valid(check: Any) -> Any:
+        def conforms(value: Any) -> bool:
+            if not isinstance(value, str):
+                return True  # the type's to refuse
+            try:
+                check(value)
+            except (ValidationError, ValueError):
+                return False
+            return True
+        return conforms
+
+    checker.checks("email")(_valid(validate_email))
+    checker.checks("uri")(_valid(URLValidator()))
+    checker.checks("date")(_valid(_iso_date))
+    return checker
+
+
+def _iso_date(value: str) -> None:
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+        raise ValueError(f"{value!r} is not YYYY-MM-DD")
+    date.fromisoformat(value)  # ValueError past the month's days
+
+
 class SchemaRefused(ValueError):
     """A schema that cannot be asked: too big, too deep, or asking for a secret."""
 

@@ -45,6 +45,10 @@ SECRET_WORDS = frozenset({"password", "passwd", "passphrase", "passcode", "pass"
                           "credential", "credentials", "apikey", "privatekey"})
 SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"), ("auth", "code")})
 _KEY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+#: keywords a validator would act on beyond MCP's primitives: a regex run on every answer (one that
+#: backtracks for ever), a reference it would resolve (a fetch, a loop); refused anywhere in the schema
+ACTIVE_KEYWORDS = frozenset({"pattern", "patternProperties", "propertyNames", "$ref", "$dynamicRef", "$recursiveRef",
+                             "$id", "$anchor", "$dynamicAnchor", "$defs", "definitions"})
 
 
 class InputRefused(ValueError):
@@ -90,6 +94,21 @@ def _depth(value: Any, limit: int) -> bool:
     return False
 
 
+def _active_keyword(schema: dict[str, Any]) -> str | None:
+    """The first of :data:`ACTIVE_KEYWORDS` a key of any object in ``schema`` is (iterative)."""
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            found = next((k for k in node if k in ACTIVE_KEYWORDS), None)
+            if found is not None:
+                return str(found)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
 def check_requested(key: str, schema: Any) -> dict[str, Any]:
     """MCP's requested schema: a flat object of primitive (or enum) properties; the reason otherwise."""
     if not isinstance(schema, dict):
@@ -99,6 +118,10 @@ def check_requested(key: str, schema: Any) -> dict[str, Any]:
     size = len(json.dumps(schema, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass"))
     if size > MAX_SCHEMA_BYTES:
         raise InputRefused(f"input {key!r}: the requested schema is {size:,} bytes of JSON, more than {MAX_SCHEMA_BYTES:,}")
+    active = _active_keyword(schema)
+    if active is not None:
+        raise InputRefused(f"input {key!r}: the requested schema uses {active!r}, which MCP's requested schema has "
+                           "not (a regex or a reference the validator would run)")
     properties = schema.get("properties")
     if schema.get("type") != "object" or not isinstance(properties, dict) or len(properties) > MAX_FIELDS:
         raise InputRefused(f"input {key!r}: the requested schema is not a flat object of at most {MAX_FIELDS} fields")

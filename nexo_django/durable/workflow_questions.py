@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from .. import storable
+from .. import schema_forms, storable
 from ..conf import nexo_settings
 from ..core.errors import AlreadyDecided, ApprovalExpired, InvalidAnswer, WorkflowError
 from ..models import AgentRun, OpenQuestion, RunEvent, StepKind, StepStatus, WorkflowStep
@@ -63,7 +63,7 @@ def check_answer(step: WorkflowStep, value: Any) -> None:
         raise InvalidAnswer(f"the answer to {step.name!r} must be JSON, not {type(value).__name__}")
     if step.schema is None:
         return
-    validator = jsonschema.validators.validator_for(step.schema)(step.schema)
+    validator = jsonschema.validators.validator_for(step.schema)(step.schema, format_checker=schema_forms.format_checker())
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path)
