@@ -125,25 +125,25 @@ def test_a_resume_by_another_person_makes_them_the_runs_starter(settings: Any) -
 # --- hostile input in the form -------------------------------------------------------------------
 
 
-def refused(change: dict[str, Any], client: Client | None = None) -> str:
+def _refusal(change: dict[str, Any], client: Client | None = None) -> Any:
+    """The add form's answer to ``change``: the form again (200), nothing stored, nothing run."""
     client = client or client_for(make_user("ed", "nexo_django.add_schedule", "nexo_django.change_schedule",
                                             "nexo_django.view_schedule"))
     response = csrf_post(client, ADD, {**GOOD, **change})
     assert response.status_code == 200, response.status_code
-    html = response.content.decode()
-    assert "errorlist" in html
     assert not Schedule.objects.exists() and not AgentRun.objects.exists()
+    return response
+
+
+def refused(change: dict[str, Any], client: Client | None = None) -> str:
+    html = _refusal(change, client).content.decode()
+    assert "errorlist" in html
     return html
 
 
 def refused_fields(change: dict[str, Any]) -> set[str]:
-    """The fields the form refused ``change`` under (:func:`refused` checked nothing was stored)."""
-    client = client_for(make_user("ed", "nexo_django.add_schedule", "nexo_django.change_schedule",
-                                  "nexo_django.view_schedule"))
-    response = csrf_post(client, ADD, {**GOOD, **change})
-    assert response.status_code == 200, response.status_code
-    assert not Schedule.objects.exists() and not AgentRun.objects.exists()
-    return set(response.context["adminform"].form.errors)
+    """The fields the form refused ``change`` under."""
+    return set(_refusal(change).context["adminform"].form.errors)
 
 
 @pytest.mark.parametrize("target", [
