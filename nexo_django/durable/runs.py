@@ -737,11 +737,11 @@ def cancel_run(run: AgentRun, *, by: Any = None, reason: str = "") -> bool:
                 _event(run.pk, "cancelled", by=str(_user(by) or ""), reason=reason)
                 outbox.wake(outbox.write("run.cancelled", run.pk, timezone.now()))
                 run.refresh_from_db()
-                if run.kind != RunKind.WORKFLOW and old == RunStatus.SUSPENDED:
-                    # An MCP server's questions may wait (durable.elicitation): they end with the run.
+                # Its open questions end with it: a workflow's, and an MCP server's of an agent run
+                # that waited (durable.elicitation).
+                if run.kind == RunKind.WORKFLOW or old == RunStatus.SUSPENDED:
                     import_string(WORKFLOW_CANCELLED)(run)
-                if run.kind == RunKind.WORKFLOW:  # its agents stop with it, its questions end
-                    import_string(WORKFLOW_CANCELLED)(run)
+                if run.kind == RunKind.WORKFLOW:  # its agents stop with it
                     for child in AgentRun.objects.filter(parent_id=run.pk, status__in=ACTIVE_OR_WAITING):
                         cancel_run(child, by=by, reason="its workflow was cancelled")
                 parents.child_ended(run)
